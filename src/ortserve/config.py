@@ -1,0 +1,190 @@
+"""Settings: the only module that reads the environment, `.env` and the config file.
+
+Precedence: CLI flags > environment > `.env` > config file (`ortserve.toml` or
+`ortserve.json` in the working directory, or the file named by ORTSERVE_CONFIG) > defaults.
+Every setting has one name, one default and one line of documentation; `ortserve config`
+prints them all.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import AliasChoices, Field, field_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+DEVICES = ("auto", "cpu", "cuda", "dml", "webgpu", "openvino")
+DEVICE_ALIASES = {"directml": "dml", "gpu": "cuda"}
+
+
+def _env(*names: str) -> AliasChoices:
+    return AliasChoices(*names)
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_file=".env", extra="ignore", populate_by_name=True)
+
+    # where things live
+    home: Path = Field(Path("~/.cache/ortserve"), validation_alias=_env("ORTSERVE_HOME"),
+                       description="Model store, ledger and telemetry root")
+    model: str | None = Field(None, validation_alias=_env("ORTSERVE_MODEL", "GENAI_MODEL_DIR"),
+                              description="Model id in the store or a model directory (default: smollm2-135m)")
+    # runtime
+    device: str = Field("auto", validation_alias=_env("ORTSERVE_DEVICE", "GENAI_DEVICE"),
+                        description="Execution provider: auto, cpu, cuda, dml, webgpu, openvino")
+    max_length: int | None = Field(None, validation_alias=_env("ORTSERVE_MAX_LENGTH", "GENAI_MAX_LENGTH"),
+                                   description="Cap on context length (prompt + output tokens)")
+    max_batch: int = Field(16, ge=1, le=256, validation_alias=_env("ORTSERVE_MAX_BATCH"),
+                           description="Most sequences decoded together")
+    intra_op_threads: int = Field(0, ge=0, validation_alias=_env("ORTSERVE_INTRA_OP_THREADS"),
+                                  description="ONNX Runtime intra-op threads (0 = all cores)")
+    inter_op_threads: int = Field(0, ge=0, validation_alias=_env("ORTSERVE_INTER_OP_THREADS"),
+                                  description="ONNX Runtime inter-op threads (0 = default)")
+    graph_optimization_level: Literal["disable", "basic", "extended", "all"] = Field(
+        "all", validation_alias=_env("ORTSERVE_GRAPH_OPT_LEVEL"),
+        description="ONNX Runtime graph optimization level")
+    enable_mem_arena: bool = Field(True, validation_alias=_env("ORTSERVE_MEM_ARENA"),
+                                   description="ONNX Runtime CPU memory arena")
+    # server
+    host: str = Field("127.0.0.1", validation_alias=_env("ORTSERVE_HOST", "HOST"),
+                      description="Address the server binds")
+    port: int = Field(8002, ge=0, le=65535, validation_alias=_env("ORTSERVE_PORT", "PORT"),
+                      description="Port the server binds")
+    api_key: str | None = Field(None, validation_alias=_env("ORTSERVE_API_KEY"),
+                                description="Bearer key required on every route but /healthz")
+    cors_origins: list[str] = Field(default_factory=list, validation_alias=_env("ORTSERVE_CORS_ORIGINS"),
+                                    description="Allowed CORS origins, comma-separated (none by default)")
+    max_queue: int = Field(64, ge=1, validation_alias=_env("ORTSERVE_MAX_QUEUE"),
+                           description="Requests waiting beyond this get 429")
+    max_body_bytes: int = Field(1_048_576, ge=1024, validation_alias=_env("ORTSERVE_MAX_BODY_BYTES"),
+                                description="Request bodies above this get 413")
+    max_tokens_cap: int = Field(4096, ge=1, validation_alias=_env("ORTSERVE_MAX_TOKENS_CAP"),
+                                description="Largest max_tokens a request may ask for")
+    default_max_tokens: int = Field(256, ge=1, validation_alias=_env("ORTSERVE_DEFAULT_MAX_TOKENS"),
+                                    description="max_tokens when a request gives none")
+    # router and telemetry
+    router_config: Path | None = Field(None, validation_alias=_env("ORTSERVE_ROUTER_CONFIG"),
+                                       description="Routing config file (JSON or TOML); none = local only")
+    telemetry: bool = Field(False, validation_alias=_env("ORTSERVE_TELEMETRY"),
+                            description="Write OpenTelemetry traces, metrics and logs to files")
+    telemetry_dir: Path | None = Field(None, validation_alias=_env("ORTSERVE_TELEMETRY_DIR"),
+                                       description="Telemetry directory (default: HOME/telemetry)")
+    telemetry_content: bool = Field(False, validation_alias=_env("ORTSERVE_TELEMETRY_CONTENT"),
+                                    description="Also record prompt and completion text (off: private)")
+    log_level: str = Field("info", validation_alias=_env("ORTSERVE_LOG_LEVEL"),
+                           description="Log level: debug, info, warning, error")
+
+    @field_validator("home", "router_config", "telemetry_dir", mode="after")
+    @classmethod
+    def _expand(cls, v: Path | None) -> Path | None:
+        return v.expanduser() if v is not None else None
+
+    @field_validator("device", mode="before")
+    @classmethod
+    def _device(cls, v: Any) -> str:
+        d = str(v).strip().lower()
+        d = DEVICE_ALIASES.get(d, d)
+        if d not in DEVICES:
+            raise ValueError(f"unknown device {v!r}; choose one of {', '.join(DEVICES)}")
+        return d
+
+    @field_validator("cors_origins", mode="before")
+    @classmethod
+    def _origins(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            return [o.strip() for o in v.split(",") if o.strip()]
+        return v
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls: type[BaseSettings],
+                                   init_settings: PydanticBaseSettingsSource,
+                                   env_settings: PydanticBaseSettingsSource,
+                                   dotenv_settings: PydanticBaseSettingsSource,
+                                   file_secret_settings: PydanticBaseSettingsSource,
+                                   ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, dotenv_settings, _FileSource(settings_cls))
+
+    @property
+    def store_dir(self) -> Path:
+        return self.home / "models"
+
+    @property
+    def telemetry_path(self) -> Path:
+        return self.telemetry_dir or self.home / "telemetry"
+
+    @property
+    def ledger_path(self) -> Path:
+        return self.home / "costs.sqlite"
+
+
+def config_file() -> Path | None:
+    explicit = os.environ.get("ORTSERVE_CONFIG")
+    if explicit:
+        return Path(explicit).expanduser()
+    for name in ("ortserve.toml", "ortserve.json"):
+        if Path(name).is_file():
+            return Path(name)
+    return None
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".json":
+        data = json.loads(text)
+    else:
+        if sys.version_info >= (3, 11):
+            import tomllib
+        else:  # pragma: no cover
+            import tomli as tomllib
+        data = tomllib.loads(text)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a table of settings")
+    return data.get("ortserve", data) if isinstance(data.get("ortserve"), dict) else data
+
+
+class _FileSource(PydanticBaseSettingsSource):
+    """Settings from ortserve.toml / ortserve.json, keyed by field name."""
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:  # pragma: no cover
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        path = config_file()
+        if path is None or not path.is_file():
+            return {}
+        data = read_config_file(path)
+        known = set(self.settings_cls.model_fields)
+        return {k: v for k, v in data.items() if k in known}
+
+
+def env_names(name: str) -> list[str]:
+    alias = Settings.model_fields[name].validation_alias
+    if isinstance(alias, AliasChoices):
+        return [str(c) for c in alias.choices]
+    return [name.upper()]
+
+
+def describe(settings: Settings) -> list[dict[str, Any]]:
+    """Every setting: name, env vars, default, current value, documentation."""
+    rows = []
+    for name, field in Settings.model_fields.items():
+        default = field.get_default(call_default_factory=True)
+        value = getattr(settings, name)
+        if name == "api_key" and value:
+            value = "***"
+        rows.append({"name": name, "env": env_names(name), "default": _plain(default),
+                     "value": _plain(value), "doc": field.description or ""})
+    return rows
+
+
+def _plain(v: Any) -> Any:
+    return str(v) if isinstance(v, Path) else v
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Settings with CLI flags (non-None overrides) on top."""
+    return Settings(**{k: v for k, v in overrides.items() if v is not None})

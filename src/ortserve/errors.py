@@ -1,0 +1,120 @@
+"""Typed errors. Each knows its HTTP status and its OpenAI error type/code, so every
+surface (HTTP, CLI) reports a user mistake the same way."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class OrtServeError(Exception):
+    status = 500
+    type = "server_error"
+    code: str | None = None
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None,
+                 hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+        self.hint = hint
+
+    def to_openai(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+                          "code": self.code}}
+
+    def one_line(self) -> str:
+        return f"{self.message}" + (f" ({self.hint})" if self.hint else "")
+
+
+class InvalidRequest(OrtServeError):
+    status = 400
+    type = "invalid_request_error"
+    code = "invalid_value"
+
+
+class ContextLengthExceeded(InvalidRequest):
+    code = "context_length_exceeded"
+
+
+class Unauthorized(OrtServeError):
+    status = 401
+    type = "authentication_error"
+    code = "invalid_api_key"
+
+
+class NotFound(OrtServeError):
+    status = 404
+    type = "invalid_request_error"
+    code = "not_found"
+
+
+class PayloadTooLarge(OrtServeError):
+    status = 413
+    type = "invalid_request_error"
+    code = "payload_too_large"
+
+
+class Overloaded(OrtServeError):
+    status = 429
+    type = "rate_limit_error"
+    code = "queue_full"
+
+
+class Unavailable(OrtServeError):
+    status = 503
+    type = "server_error"
+    code = "unavailable"
+
+
+class ModelError(OrtServeError):
+    """A model directory or file that cannot be used; the message names the missing piece."""
+
+    status = 500
+    type = "server_error"
+    code = "model_error"
+
+
+class DependencyMissing(OrtServeError):
+    status = 500
+    code = "dependency_missing"
+
+
+class OfflineError(OrtServeError):
+    """Something needed the network and this machine has none."""
+
+    status = 503
+    code = "offline"
+
+
+class StoreError(OrtServeError):
+    status = 400
+    type = "invalid_request_error"
+    code = "store_error"
+
+
+class ProviderError(OrtServeError):
+    """A provider failed. retryable says whether the next provider in a chain may try."""
+
+    status = 502
+    type = "api_error"
+    code = "provider_error"
+
+    def __init__(self, message: str, *, retryable: bool, status: int | None = None, **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.retryable = retryable
+        if status is not None:
+            self.status = status
+
+
+def require_genai():  # type: ignore[no-untyped-def]
+    """Import onnxruntime_genai or fail with the seed's message."""
+    try:
+        import onnxruntime_genai as og
+    except ImportError as exc:  # pragma: no cover - exercised by the CLI test via env
+        raise DependencyMissing(
+            "onnxruntime-genai not installed",
+            hint="pip install onnxruntime-genai (GPU: onnxruntime-genai-cuda or onnxruntime-genai-directml)",
+        ) from exc
+    return og

@@ -1,0 +1,1 @@
+"""Model store, catalog, conversion and quality measurement."""

@@ -1,0 +1,272 @@
+"""The model store: one directory per model variant, each with a manifest.
+
+Layout under ``HOME/models``::
+
+    <model>--<variant>/        an installed variant (ONNX GenAI files + ortserve.json)
+    .tmp/<name>.<pid>.<rand>/  work in progress; never read as installed
+    .locks/<name>.lock         held while a variant is being installed
+
+A variant becomes visible only by an atomic rename of a complete directory whose
+manifest (with the SHA-256 of every file) was written first, so a crash at any point
+leaves nothing half-installed; the registry *is* the set of such directories.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import shutil
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from ortserve.errors import NotFound, StoreError
+
+MANIFEST = "ortserve.json"
+_ID_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+_VARIANT_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,31}$")
+
+
+def validate_name(name: str, what: str = "model id") -> str:
+    """Model ids and variant names: lowercase letters, digits, '.', '_', '-'; no paths."""
+    if not isinstance(name, str) or not _ID_RE.match(name) or ".." in name:
+        raise StoreError(f"invalid {what} {name!r}: use lowercase letters, digits, '.', '_' and '-' "
+                         "(no path separators, no '..')", param="model")
+    return name
+
+
+@dataclass
+class Variant:
+    model: str                      # e.g. smollm2-135m
+    variant: str                    # e.g. int8-cpu
+    precision: str
+    device: str
+    path: Path
+    source: str = ""
+    architecture: str = ""
+    context_length: int = 0
+    size_bytes: int = 0
+    files: dict[str, str] = field(default_factory=dict)   # relative path -> sha256
+    created: float = 0.0
+    aliases: list[str] = field(default_factory=list)
+    quality: dict[str, Any] = field(default_factory=dict)  # e.g. {"perplexity": 11.6, "reference": 11.55}
+    speed: dict[str, Any] = field(default_factory=dict)    # e.g. {"decode_tps": 79.0}
+    notes: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def id(self) -> str:
+        return f"{self.model}:{self.variant}"
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["id"] = self.id
+        d["path"] = str(self.path)
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any], path: Path) -> "Variant":
+        known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__ and k != "path"}
+        return cls(path=path, **known)
+
+
+def dir_name(model: str, variant: str) -> str:
+    return f"{model}--{variant}"
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def hash_tree(root: Path) -> dict[str, str]:
+    out = {}
+    for p in sorted(root.rglob("*")):
+        if p.is_file() and p.name != MANIFEST:
+            out[p.relative_to(root).as_posix()] = sha256_file(p)
+    return out
+
+
+class ModelStore:
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root).expanduser()
+
+    # ---- reading -------------------------------------------------------
+    def variants(self) -> list[Variant]:
+        if not self.root.is_dir():
+            return []
+        out = []
+        for d in sorted(self.root.iterdir()):
+            if d.name.startswith(".") or not (d / MANIFEST).is_file():
+                continue
+            try:
+                out.append(Variant.from_json(json.loads((d / MANIFEST).read_text()), d))
+            except (ValueError, TypeError):
+                continue  # a foreign or damaged manifest is not an installed model
+        return out
+
+    def find(self, ref: str) -> list[Variant]:
+        """Variants matching 'model', 'model:variant' or an alias."""
+        model, _, variant = ref.partition(":")
+        hits = []
+        for v in self.variants():
+            if ref in v.aliases or (v.model == model and (not variant or v.variant == variant)):
+                hits.append(v)
+        return hits
+
+    def get(self, ref: str) -> Variant:
+        hits = self.find(ref)
+        if not hits:
+            raise NotFound(f"model {ref!r} is not installed", param="model",
+                           hint="see `ortserve models list`, or `ortserve models pull/import`")
+        if len(hits) > 1 and ":" not in ref:
+            raise StoreError(f"{ref!r} has several variants ({', '.join(h.id for h in hits)}); name one",
+                             param="model")
+        return hits[0]
+
+    # ---- writing -------------------------------------------------------
+    @contextlib.contextmanager
+    def lock(self, name: str, timeout: float = 3600.0) -> Iterator[None]:
+        locks = self.root / ".locks"
+        locks.mkdir(parents=True, exist_ok=True)
+        with open(locks / f"{name}.lock", "a+") as fh:
+            _lock_file(fh, timeout)
+            try:
+                yield
+            finally:
+                _unlock_file(fh)
+
+    def install(self, model: str, variant: str, build: Callable[[Path], dict[str, Any]],
+                *, replace: bool = False) -> Variant:
+        """Build a variant into a temp dir and rename it into place, under a lock.
+
+        ``build(tmp_dir)`` writes the model files and returns manifest fields
+        (precision, device, source, ...). A concurrent install of the same variant waits
+        for the first and then returns its result instead of converting again.
+        """
+        validate_name(model)
+        validate_name(variant, "variant")
+        name = dir_name(model, variant)
+        final = self.root / name
+        with self.lock(name):
+            if final.is_dir() and (final / MANIFEST).is_file() and not replace:
+                return Variant.from_json(json.loads((final / MANIFEST).read_text()), final)
+            self._sweep_tmp(name)
+            tmp = self.root / ".tmp" / f"{name}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+            tmp.mkdir(parents=True)
+            try:
+                fields = build(tmp)
+                files = hash_tree(tmp)
+                v = Variant(model=model, variant=variant, path=final, files=files, created=time.time(),
+                            size_bytes=sum((tmp / f).stat().st_size for f in files), **fields)
+                _write_json_atomic(tmp / MANIFEST, v.to_json())
+                _fsync_tree(tmp)
+                if final.exists():
+                    trash = self.root / ".tmp" / f"{name}.old.{uuid.uuid4().hex[:8]}"
+                    os.replace(final, trash)
+                    shutil.rmtree(trash, ignore_errors=True)
+                os.replace(tmp, final)
+                return v
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+
+    def update_manifest(self, v: Variant, **changes: Any) -> Variant:
+        with self.lock(v.path.name):
+            data = json.loads((v.path / MANIFEST).read_text())
+            data.update(changes)
+            _write_json_atomic(v.path / MANIFEST, data)
+        return Variant.from_json(data, v.path)
+
+    def remove(self, ref: str) -> list[Variant]:
+        victims = self.find(ref)
+        if not victims:
+            raise NotFound(f"model {ref!r} is not installed", param="model")
+        for v in victims:
+            with self.lock(v.path.name):
+                trash = self.root / ".tmp" / f"{v.path.name}.rm.{uuid.uuid4().hex[:8]}"
+                trash.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(v.path, trash)
+                shutil.rmtree(trash, ignore_errors=True)
+        return victims
+
+    def verify(self, v: Variant) -> dict[str, list[str]]:
+        """Re-hash every file: what is corrupt, missing, or there but not in the manifest."""
+        actual = hash_tree(v.path)
+        corrupt = [f for f, h in v.files.items() if f in actual and actual[f] != h]
+        missing = [f for f in v.files if f not in actual]
+        extra = [f for f in actual if f not in v.files]
+        return {"corrupt": corrupt, "missing": missing, "extra": extra}
+
+    def size(self) -> int:
+        if not self.root.is_dir():
+            return 0
+        return sum(p.stat().st_size for p in self.root.rglob("*") if p.is_file())
+
+    def _sweep_tmp(self, name: str) -> None:
+        """Remove leftovers of killed installs of ``name``; we hold its lock, so none is live."""
+        tmp_root = self.root / ".tmp"
+        if tmp_root.is_dir():
+            for d in tmp_root.iterdir():
+                if d.name.startswith(f"{name}."):
+                    shutil.rmtree(d, ignore_errors=True)
+
+
+def _write_json_atomic(path: Path, data: Any) -> None:
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _fsync_tree(root: Path) -> None:
+    for p in root.rglob("*"):
+        if p.is_file():
+            with open(p, "rb") as f:
+                os.fsync(f.fileno())
+
+
+def _lock_file(fh: Any, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    try:
+        import fcntl
+
+        while True:
+            try:
+                fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise StoreError(f"timed out waiting for lock {fh.name}") from None
+                time.sleep(0.2)
+    except ImportError:  # Windows
+        import msvcrt
+
+        while True:
+            try:
+                msvcrt.locking(fh.fileno(), msvcrt.LK_NBLCK, 1)
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise StoreError(f"timed out waiting for lock {fh.name}") from None
+                time.sleep(0.2)
+
+
+def _unlock_file(fh: Any) -> None:
+    try:
+        import fcntl
+
+        fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+    except ImportError:  # Windows
+        import msvcrt
+
+        msvcrt.locking(fh.fileno(), msvcrt.LK_UNLCK, 1)

@@ -1,0 +1,54 @@
+"""Shared fixtures. The tiny model is built once per session through ortserve's own
+converter (random-weight Llama, 2 layers, hidden 64, the SmolLM2 tokenizer)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoTokenizer
+
+    from ortserve.models.catalog import embedded_gguf
+
+    gguf = embedded_gguf()
+    out = tmp_path_factory.mktemp("smollm2-tokenizer")
+    AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name).save_pretrained(str(out))
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_hf_dir(tmp_path_factory: pytest.TempPathFactory, smollm2_tokenizer_dir: Path) -> Path:
+    from ortserve.models.convert import make_tiny_llama
+
+    return make_tiny_llama(tmp_path_factory.mktemp("tiny-hf") / "hf", smollm2_tokenizer_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory, tiny_hf_dir: Path) -> Path:
+    """An ONNX GenAI model directory (fp32, CPU) of the tiny random Llama."""
+    from ortserve.models.convert import build_onnx
+
+    return build_onnx(tiny_hf_dir, tmp_path_factory.mktemp("tiny-onnx") / "model", precision="fp32")
+
+
+@pytest.fixture(scope="session")
+def default_model() -> Path:
+    """The real default model (SmolLM2-135M-Instruct), imported into ORTSERVE_HOME once."""
+    from ortserve.config import load_settings
+    from ortserve.models.importer import ensure_default
+    from ortserve.models.store import ModelStore
+
+    return ensure_default(ModelStore(load_settings().store_dir)).path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

@@ -1,0 +1,30 @@
+"""The foundation: the converter builds a working tiny model; the default model imports once."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+
+def test_tiny_model_has_the_pieces(tiny_model: Path) -> None:
+    for name in ("genai_config.json", "model.onnx", "tokenizer.json", "chat_template.jinja"):
+        assert (tiny_model / name).is_file(), name
+    cfg = json.loads((tiny_model / "genai_config.json").read_text())
+    assert cfg["model"]["decoder"]["num_hidden_layers"] == 2
+    assert cfg["model"]["decoder"]["hidden_size"] == 64
+
+
+def test_default_model_is_imported_with_quality(default_model: Path) -> None:
+    manifest = json.loads((default_model / "ortserve.json").read_text())
+    assert manifest["model"] == "smollm2-135m"
+    q = manifest["quality"]
+    assert q["perplexity"] > 1 and q["reference_perplexity"] > 1
+    # the default variant is chosen to stay within 1% of the fp32 reference
+    assert abs(q["delta_pct"]) < 1.0, q
+
+
+def test_serving_import_leaves_torch_out() -> None:
+    code = "import sys, ortserve.server, ortserve.engine; sys.exit(1 if 'torch' in sys.modules else 0)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
