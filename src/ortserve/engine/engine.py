@@ -1,0 +1,170 @@
+"""AsyncEngine: the asyncio face of the engine loop (which runs in its own thread)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+from ortserve.engine.core import EngineCore
+from ortserve.engine.detokenize import IncrementalDetokenizer
+from ortserve.engine.runner import ModelSpec, Runner
+from ortserve.engine.runtime import DeviceChoice, candidates, session_options
+from ortserve.engine.sequence import Sequence
+from ortserve.engine.tokenizer import TextCodec
+from ortserve.errors import ContextLengthExceeded, InvalidRequest, ModelError, Overloaded
+from ortserve.types import EngineStats, GenerationOutput, SamplingParams, TokenEvent
+
+log = logging.getLogger("ortserve.engine")
+
+
+class LoadedModel:
+    """A model directory loaded for serving: spec, tokenizer, runner and the device it runs on."""
+
+    def __init__(self, model_dir: Path, settings: Any = None, model_id: str | None = None) -> None:
+        model_dir = Path(model_dir)
+        if not model_dir.is_dir():
+            raise ModelError(f"model directory {model_dir} does not exist",
+                             hint="set --model / GENAI_MODEL_DIR to an ONNX GenAI model directory")
+        self.dir = model_dir
+        self.id = model_id or model_dir.name
+        self.spec = ModelSpec.read(model_dir)
+        self.codec = TextCodec(model_dir)
+        max_length = getattr(settings, "max_length", None)
+        self.context_length = min(self.spec.context_length, max_length or self.spec.context_length)
+        slots = int(getattr(settings, "max_batch", 16))
+        self.runner, self.choice = self._load(settings, slots)
+
+    def _load(self, settings: Any, slots: int) -> tuple[Runner, DeviceChoice]:
+        so = session_options(settings, self.spec.session_options)
+        errors = []
+        for choice in candidates(getattr(settings, "device", "auto")):
+            try:
+                runner = Runner(self.spec, slots=slots, providers=[choice.provider], session_options=so)
+            except ModelError as exc:
+                errors.append(f"{choice.device}: {exc.message}")
+                log.warning("device %s failed to load %s: %s; trying the next", choice.device, self.id,
+                            exc.message)
+                continue
+            if errors:
+                choice.reason += f" (fell back: {'; '.join(errors)})"
+            log.info("model %s runs on %s (%s)", self.id, choice.device, choice.reason)
+            return runner, choice
+        raise ModelError(f"could not load {self.dir} on any device: {'; '.join(errors)}")
+
+
+class AsyncEngine:
+    def __init__(self, model: LoadedModel, settings: Any = None) -> None:
+        self.model = model
+        self.codec = model.codec
+        self.core = EngineCore(model.runner)
+        self.max_queue = int(getattr(settings, "max_queue", 1 << 30))
+
+    @classmethod
+    def load(cls, model_dir: Path, settings: Any = None, model_id: str | None = None) -> "AsyncEngine":
+        return cls(LoadedModel(model_dir, settings, model_id), settings)
+
+    # ---- facts ------------------------------------------------------------
+    @property
+    def model_id(self) -> str:
+        return self.model.id
+
+    @property
+    def context_length(self) -> int:
+        return self.model.context_length
+
+    @property
+    def device(self) -> str:
+        return self.model.choice.device
+
+    def count_tokens(self, text: str) -> int:
+        return len(self.codec.encode(text))
+
+    def stats(self) -> EngineStats:
+        return self.core.stats()
+
+    # ---- lifecycle --------------------------------------------------------
+    async def start(self) -> None:
+        self.core.start()
+
+    async def stop(self) -> None:
+        await asyncio.to_thread(self.core.stop)
+
+    # ---- requests ---------------------------------------------------------
+    def prepare(self, *, prompt: str | None = None, messages: list[dict[str, Any]] | None = None,
+                params: SamplingParams | None = None) -> tuple[list[int], SamplingParams]:
+        """Tokenize and check a request against the context window before it is queued."""
+        params = params or SamplingParams()
+        if messages is not None:
+            ids = self.codec.encode(self.codec.render_chat(messages), add_special_tokens=False)
+        elif isinstance(prompt, str):
+            ids = self.codec.encode(prompt)
+        else:
+            raise InvalidRequest("give 'prompt' (a string) or 'messages'", param="prompt")
+        if not ids:
+            raise InvalidRequest("the prompt is empty", param="prompt" if messages is None else "messages")
+        limit = self.context_length
+        if len(ids) + params.max_tokens > limit:
+            param = "max_tokens" if len(ids) < limit else ("messages" if messages is not None else "prompt")
+            raise ContextLengthExceeded(
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{len(ids) + params.max_tokens} tokens ({len(ids)} in the prompt, {params.max_tokens} "
+                f"in the completion). Please reduce the prompt or max_tokens.", param=param)
+        return ids, params
+
+    def submit(self, *, prompt: str | None = None, messages: list[dict[str, Any]] | None = None,
+               params: SamplingParams | None = None, request_id: str | None = None) -> "RequestHandle":
+        ids, params = self.prepare(prompt=prompt, messages=messages, params=params)
+        if len(self.core.waiting) >= self.max_queue:
+            raise Overloaded(f"the queue is full ({self.max_queue} requests waiting); retry shortly")
+        handle = RequestHandle(self, request_id or f"req-{uuid.uuid4().hex[:24]}", len(ids))
+        loop = asyncio.get_running_loop()
+        queue = handle.queue
+        seq = Sequence(id=handle.id, prompt_ids=ids, params=params, model=self.model_id,
+                       sink=lambda ev: loop.call_soon_threadsafe(queue.put_nowait, ev),
+                       detok=IncrementalDetokenizer(self.codec.decode))
+        self.core.add(seq)
+        return handle
+
+    async def abort(self, request_id: str) -> None:
+        self.core.abort(request_id)
+
+    async def generate(self, **kw: Any) -> GenerationOutput:
+        """Submit and collect the whole answer."""
+        handle = self.submit(**kw)
+        parts: list[str] = []
+        async for ev in handle:
+            parts.append(ev.text)
+            if ev.finished:
+                return GenerationOutput(handle.id, kw.get("prompt") or "", "".join(parts), [],
+                                        ev.finish_reason or "stop", ev.metrics)  # type: ignore[arg-type]
+        raise RuntimeError("stream ended without a final event")  # pragma: no cover
+
+
+class RequestHandle:
+    """Async iterator of a request's TokenEvents; leaving early aborts the request."""
+
+    def __init__(self, engine: AsyncEngine, request_id: str, input_tokens: int) -> None:
+        self.engine = engine
+        self.id = request_id
+        self.input_tokens = input_tokens
+        self.queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
+        self.done = False
+
+    def __aiter__(self) -> AsyncIterator[TokenEvent]:
+        return self._events()
+
+    async def _events(self) -> AsyncIterator[TokenEvent]:
+        try:
+            while True:
+                ev = await self.queue.get()
+                if ev.finished:
+                    self.done = True
+                yield ev
+                if ev.finished:
+                    return
+        finally:
+            if not self.done:  # the consumer left (client gone, cancelled): free the slot
+                self.engine.core.abort(self.id)

@@ -1,0 +1,165 @@
+"""The model runner: one ONNX Runtime session over a decoder exported by the
+onnxruntime-genai builder, and a KV cache shared by all running sequences.
+
+The KV cache is one buffer per layer, ``[slots, kv_heads, capacity, head_size]``. Running
+sequences occupy rows ``0..n-1`` (kept compact: a retired row is replaced by the last one),
+so a decode step is a single batched call on a contiguous view. Prefill writes a new
+sequence's keys straight into its row. GroupQueryAttention reads each row's own length
+from the attention mask, so rows of different lengths share one step — continuous batching.
+The runner holds tensors, never queues: the scheduler decides who runs.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ortserve.errors import ModelError
+
+_NP = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What the runner needs from genai_config.json."""
+
+    onnx_path: Path
+    layers: int
+    kv_heads: int
+    head_size: int
+    vocab_size: int
+    context_length: int
+    eos_token_ids: tuple[int, ...]
+    bos_token_id: int | None
+    pad_token_id: int
+    session_options: dict[str, Any]
+
+    @classmethod
+    def read(cls, model_dir: Path) -> "ModelSpec":
+        cfg_path = model_dir / "genai_config.json"
+        if not cfg_path.is_file():
+            raise ModelError(f"{model_dir} has no genai_config.json",
+                             hint="point --model at an ONNX GenAI model directory, or import one with "
+                                  "`ortserve models import`")
+        try:
+            cfg = json.loads(cfg_path.read_text())
+            m = cfg["model"]
+            dec = m["decoder"]
+            eos = m.get("eos_token_id", [])
+            eos_ids = tuple(eos) if isinstance(eos, list) else (int(eos),)
+            spec = cls(onnx_path=model_dir / dec.get("filename", "model.onnx"),
+                       layers=int(dec["num_hidden_layers"]), kv_heads=int(dec["num_key_value_heads"]),
+                       head_size=int(dec["head_size"]), vocab_size=int(m["vocab_size"]),
+                       context_length=int(m.get("context_length") or cfg["search"]["max_length"]),
+                       eos_token_ids=eos_ids, bos_token_id=m.get("bos_token_id"),
+                       pad_token_id=int(m.get("pad_token_id", eos_ids[0] if eos_ids else 0)),
+                       session_options=dec.get("session_options", {}))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ModelError(f"{cfg_path} is not a valid genai_config.json: missing or bad {exc}") from exc
+        if not spec.onnx_path.is_file():
+            raise ModelError(f"{model_dir} has no {spec.onnx_path.name} (named in genai_config.json)",
+                             hint="re-export or re-import the model")
+        return spec
+
+
+class Runner:
+    """Batched prefill/decode over an ONNX Runtime session with a shared KV cache."""
+
+    def __init__(self, spec: ModelSpec, *, slots: int = 16, capacity: int = 256,
+                 providers: list[Any] | None = None, session_options: Any = None) -> None:
+        import onnxruntime as ort
+
+        self.spec = spec
+        self.slots = slots
+        try:
+            self.session = ort.InferenceSession(str(spec.onnx_path), session_options,
+                                                providers=providers or ["CPUExecutionProvider"])
+        except Exception as exc:  # onnxruntime raises its own exception types
+            raise ModelError(f"cannot load {spec.onnx_path}: {str(exc).splitlines()[0]}",
+                             hint="the model file may be corrupt; `ortserve models verify` checks it") from exc
+        inputs = {i.name: i for i in self.session.get_inputs()}
+        if "input_ids" not in inputs or "past_key_values.0.key" not in inputs:
+            raise ModelError(f"{spec.onnx_path} is not a decoder with a KV cache (inputs: {list(inputs)})")
+        self.dtype = _NP.get(inputs["past_key_values.0.key"].type, np.float32)
+        self.ids_dtype = np.int64 if inputs["input_ids"].type == "tensor(int64)" else np.int32
+        self.mask_dtype = np.int64 if inputs["attention_mask"].type == "tensor(int64)" else np.int32
+        self.has_position_ids = "position_ids" in inputs
+        self.lengths = np.zeros(slots, dtype=np.int64)  # tokens held in each row
+        self.capacity = 0
+        self.kv: list[np.ndarray] = []
+        self._grow(max(16, capacity))
+
+    # ---- cache management -------------------------------------------------
+    def _grow(self, capacity: int) -> None:
+        capacity = min(capacity, self.spec.context_length)
+        shape = (self.slots, self.spec.kv_heads, capacity, self.spec.head_size)
+        new = [np.zeros(shape, dtype=self.dtype) for _ in range(2 * self.spec.layers)]
+        if self.kv:
+            keep = self.capacity
+            for old, buf in zip(self.kv, new):
+                buf[:, :, :keep] = old
+        self.kv = new
+        self.capacity = capacity
+
+    def ensure_capacity(self, tokens: int) -> None:
+        if tokens > self.capacity:
+            self._grow(max(tokens, min(2 * self.capacity, self.spec.context_length)))
+
+    def move(self, src: int, dst: int) -> None:
+        """Copy row ``src`` into row ``dst`` (compaction when a sequence retires)."""
+        n = int(self.lengths[src])
+        for buf in self.kv:
+            buf[dst, :, :n] = buf[src, :, :n]
+        self.lengths[dst] = n
+        self.lengths[src] = 0
+
+    def clear(self, row: int) -> None:
+        self.lengths[row] = 0
+
+    # ---- compute ------------------------------------------------------------
+    def _run(self, rows: slice, input_ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        io = self.session.io_binding()
+        io.bind_cpu_input("input_ids", input_ids.astype(self.ids_dtype, copy=False))
+        io.bind_cpu_input("attention_mask", mask.astype(self.mask_dtype, copy=False))
+        if self.has_position_ids:
+            pos = np.maximum(np.cumsum(mask, axis=1) - 1, 0)[:, -input_ids.shape[1]:]
+            io.bind_cpu_input("position_ids", pos.astype(self.ids_dtype))
+        io.bind_output("logits", "cpu")  # first, so it is get_outputs()[0]
+        for layer in range(self.spec.layers):
+            for j, kind in enumerate(("key", "value")):
+                view = self.kv[2 * layer + j][rows]
+                ptr = view.ctypes.data
+                io.bind_input(f"past_key_values.{layer}.{kind}", "cpu", 0, self.dtype, view.shape, ptr)
+                io.bind_output(f"present.{layer}.{kind}", "cpu", 0, self.dtype, view.shape, ptr)
+        self.session.run_with_iobinding(io)
+        return io.get_outputs()[0].numpy()
+
+    def prefill(self, row: int, ids: list[int]) -> np.ndarray:
+        """Run a whole prompt into an empty row; returns the last position's logits [vocab]."""
+        n = len(ids)
+        self.ensure_capacity(n + 1)
+        x = np.asarray([ids])
+        logits = self._run(slice(row, row + 1), x, np.ones_like(x))
+        self.lengths[row] = n
+        return logits[0, -1].astype(np.float32, copy=False)
+
+    def decode(self, tokens: np.ndarray) -> np.ndarray:
+        """One token for each of rows 0..n-1 (n = len(tokens)); returns logits [n, vocab]."""
+        n = len(tokens)
+        lengths = self.lengths[:n]
+        total = int(lengths.max()) + 1
+        self.ensure_capacity(total)
+        mask = (np.arange(total)[None, :] <= lengths[:, None]).astype(self.mask_dtype)
+        logits = self._run(slice(0, n), tokens.reshape(n, 1), mask)
+        self.lengths[:n] += 1
+        return logits[:, -1].astype(np.float32, copy=False)
+
+    def shrink(self, capacity: int = 256) -> None:
+        """Give memory back when idle after long sequences."""
+        self.kv = []
+        self.capacity = 0
+        self._grow(capacity)

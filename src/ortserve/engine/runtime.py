@@ -1,0 +1,96 @@
+"""Execution providers: what this machine can use, which one to pick, session options.
+
+`auto` tries CUDA > DirectML > WebGPU > CPU, taking the next when one is missing or fails
+to load, and remembers why it settled where it did.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from ortserve.errors import DependencyMissing
+
+log = logging.getLogger("ortserve.runtime")
+
+ORDER = ("cuda", "dml", "webgpu", "cpu")
+PROVIDERS = {"cuda": "CUDAExecutionProvider", "dml": "DmlExecutionProvider",
+             "webgpu": "WebGpuExecutionProvider", "openvino": "OpenVINOExecutionProvider",
+             "cpu": "CPUExecutionProvider"}
+PACKAGES = {"cuda": "onnxruntime-genai-cuda", "dml": "onnxruntime-genai-directml",
+            "webgpu": "onnxruntime-genai-webgpu", "openvino": "onnxruntime-openvino"}
+
+
+@dataclass
+class DeviceChoice:
+    device: str
+    provider: str
+    reason: str
+
+
+def available_devices() -> dict[str, bool]:
+    """Which execution providers onnxruntime (and onnxruntime-genai) can use here."""
+    import onnxruntime as ort
+
+    have = set(ort.get_available_providers())
+    out = {d: PROVIDERS[d] in have for d in PROVIDERS}
+    out["cpu"] = True
+    try:  # onnxruntime-genai's own view, when installed
+        import onnxruntime_genai as og
+
+        checks = {"cuda": "is_cuda_available", "dml": "is_dml_available",
+                  "webgpu": "is_webgpu_available", "openvino": "is_openvino_available"}
+        for d, fn in checks.items():
+            out[f"genai_{d}"] = bool(getattr(og, fn, lambda: False)())
+    except ImportError:
+        pass
+    return out
+
+
+def candidates(requested: str) -> list[DeviceChoice]:
+    """Devices to try, in order. An explicit device that is not available is an error."""
+    have = available_devices()
+    if requested != "auto":
+        if not have.get(requested):
+            pkg = PACKAGES.get(requested, "onnxruntime")
+            raise DependencyMissing(f"device {requested!r} is not available on this machine "
+                                    f"({PROVIDERS.get(requested, requested)} missing)",
+                                    hint=f"pip install {pkg}, or use --device cpu / --device auto")
+        return [DeviceChoice(requested, PROVIDERS[requested], "requested")]
+    out = []
+    skipped = [d for d in ORDER if not have.get(d)]
+    for d in ORDER:
+        if have.get(d):
+            why = "auto: first available of cuda > dml > webgpu > cpu"
+            if skipped and d == "cpu":
+                why = f"auto: {', '.join(skipped)} not available"
+            out.append(DeviceChoice(d, PROVIDERS[d], why))
+    return out
+
+
+def session_options(settings: Any, model_options: dict[str, Any] | None = None) -> Any:
+    """onnxruntime SessionOptions from settings (and the model's genai_config session options)."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    model_options = model_options or {}
+    intra = getattr(settings, "intra_op_threads", 0) or model_options.get("intra_op_num_threads", 0)
+    inter = getattr(settings, "inter_op_threads", 0) or model_options.get("inter_op_num_threads", 0)
+    if intra:
+        so.intra_op_num_threads = int(intra)
+    if inter:
+        so.inter_op_num_threads = int(inter)
+    level = getattr(settings, "graph_optimization_level", "all")
+    so.graph_optimization_level = {
+        "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    }[level]
+    so.enable_cpu_mem_arena = bool(getattr(settings, "enable_mem_arena", True))
+    # Spinning worker threads burn the cores other work needs; measured 2x slower decode
+    # on a busy 2-core machine with spinning on.
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return so

@@ -1,0 +1,67 @@
+"""A request inside the engine: its tokens, sampling state, text state and timings."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from ortserve.engine.detokenize import IncrementalDetokenizer, StopMatcher
+from ortserve.types import Metrics, SamplingParams, TokenEvent
+
+Sink = Callable[[TokenEvent], None]
+
+
+@dataclass(eq=False)
+class Sequence:
+    id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    sink: Sink
+    detok: IncrementalDetokenizer
+    model: str
+    arrival: float = field(default_factory=time.perf_counter)
+    row: int = -1
+    output_ids: list[int] = field(default_factory=list)
+    counts: dict[int, int] = field(default_factory=dict)
+    pending: int = -1               # sampled, emitted, not yet fed to the model
+    first_token_at: float | None = None
+    started_at: float | None = None
+    aborted: bool = False
+    finished: bool = False
+
+    def __post_init__(self) -> None:
+        self.rng = np.random.default_rng(self.params.seed)
+        self.stop = StopMatcher(self.params.stop)
+
+    def accept(self, token: int) -> str:
+        """Record an output token and return the text it releases (after stop handling)."""
+        now = time.perf_counter()
+        if self.first_token_at is None:
+            self.first_token_at = now
+        self.output_ids.append(token)
+        self.counts[token] = self.counts.get(token, 0) + 1
+        self.pending = token
+        return self.stop.feed(self.detok.push(token))
+
+    def tail(self) -> str:
+        """Text still held back when the sequence ends without a stop string."""
+        if self.stop.stopped:
+            return ""
+        text = self.stop.feed(self.detok.flush())
+        return text if self.stop.stopped else text + self.stop.flush()
+
+    def metrics(self) -> Metrics:
+        end = time.perf_counter()
+        n_out = len(self.output_ids)
+        total = end - self.arrival
+        ttft = (self.first_token_at - self.arrival) if self.first_token_at is not None else None
+        decode_time = end - self.first_token_at if self.first_token_at is not None else 0.0
+        return Metrics(
+            model=self.model, input_tokens=len(self.prompt_ids), output_tokens=n_out, ttft=ttft,
+            tpot=decode_time / (n_out - 1) if n_out > 1 else None, total_latency=total,
+            tokens_per_second=n_out / total if total > 0 else 0.0,
+            output_tokens_per_second=(n_out - 1) / decode_time if n_out > 1 and decode_time > 0 else 0.0,
+            queue_time=(self.started_at or end) - self.arrival)

@@ -1,0 +1,81 @@
+"""Tokenizer and chat template of a model directory (HF `tokenizers` + jinja2; no torch)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ortserve.errors import InvalidRequest, ModelError
+
+ROLES = ("system", "user", "assistant", "tool", "developer")
+
+
+class TextCodec:
+    def __init__(self, model_dir: Path) -> None:
+        from tokenizers import Tokenizer
+
+        path = model_dir / "tokenizer.json"
+        if not path.is_file():
+            raise ModelError(f"{model_dir} has no tokenizer.json",
+                             hint="copy the model's tokenizer files next to genai_config.json")
+        self.tokenizer = Tokenizer.from_file(str(path))
+        cfg = _read_json(model_dir / "tokenizer_config.json")
+        self.bos_token = _token_text(cfg.get("bos_token"))
+        self.eos_token = _token_text(cfg.get("eos_token"))
+        template_file = model_dir / "chat_template.jinja"
+        template = template_file.read_text() if template_file.is_file() else cfg.get("chat_template")
+        if isinstance(template, list):  # named templates: take the default
+            template = next((t["template"] for t in template if t.get("name") == "default"), None)
+        self.chat_template: str | None = template
+        self._compiled: Any = None
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
+
+    def decode(self, ids: list[int]) -> str:
+        return str(self.tokenizer.decode(ids, skip_special_tokens=True))
+
+    def token_id(self, text: str) -> int | None:
+        return self.tokenizer.token_to_id(text)
+
+    def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+        """Apply the model's own chat template to OpenAI-style messages."""
+        check_messages(messages)
+        if self.chat_template is None:
+            text = "".join(f"{m['role']}: {m['content']}\n" for m in messages)
+            return text + ("assistant: " if add_generation_prompt else "")
+        if self._compiled is None:
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+            env.globals["raise_exception"] = _raise
+            self._compiled = env.from_string(self.chat_template)
+        return str(self._compiled.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                         bos_token=self.bos_token or "", eos_token=self.eos_token or ""))
+
+
+def check_messages(messages: Any) -> None:
+    if not isinstance(messages, list) or not messages:
+        raise InvalidRequest("'messages' must be a non-empty list", param="messages")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
+            raise InvalidRequest(f"messages[{i}] needs a role ({', '.join(ROLES)}) and string content",
+                                 param=f"messages[{i}]")
+
+
+def _raise(message: str) -> None:
+    raise InvalidRequest(f"chat template: {message}", param="messages")
+
+
+def _token_text(v: Any) -> str | None:
+    if isinstance(v, dict):
+        return v.get("content")
+    return v if isinstance(v, str) else None
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text()) if path.is_file() else {}
+    except ValueError as exc:
+        raise ModelError(f"{path} is not valid JSON") from exc
