@@ -1,0 +1,152 @@
+"""The local provider: ortserve's own AsyncEngine. Free, and nothing leaves the machine."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Literal, Protocol
+
+from pydantic import Field
+
+from ortserve.errors import Overloaded, ProviderError
+from ortserve.providers.base import (
+    Capabilities,
+    ChatRequest,
+    Completion,
+    Delta,
+    Done,
+    ProviderOptions,
+    StreamEvent,
+    resolve_alias,
+)
+from ortserve.types import SamplingParams, Usage
+
+log = logging.getLogger("ortserve.providers")
+
+
+class EngineLike(Protocol):
+    """The part of ortserve.engine.AsyncEngine the local provider uses."""
+
+    model_id: str
+
+    def submit(self, *, messages: list[dict[str, str]] | None = None, prompt: str | None = None,
+               params: SamplingParams | None = None, request_id: str | None = None) -> Any: ...
+
+    async def abort(self, request_id: str) -> None: ...
+
+    def count_tokens(self, text: str) -> int: ...
+
+
+class LocalOptions(ProviderOptions):
+    type: Literal["local"] = "local"
+    models: dict[str, str] = Field(default_factory=dict,
+                                   description="Aliases to local model ids (informational: the loaded "
+                                               "engine answers)")
+    max_context: int | None = Field(None, gt=0, alias="maxContext")
+
+
+class LocalProvider:
+    kind = "local"
+    Options = LocalOptions
+
+    def __init__(self, engine: EngineLike | None = None, name: str = "local",
+                 options: LocalOptions | None = None,
+                 loader: Callable[[], Awaitable[EngineLike]] | None = None) -> None:
+        """engine: a started AsyncEngine; or loader: loads and starts one on first use."""
+        self.name = name
+        self.engine = engine
+        self.loader = loader
+        self._loading: asyncio.Lock | None = None
+        self.options = options or LocalOptions()
+        context = getattr(engine, "context_length", None) if engine is not None else None
+        self.capabilities = Capabilities(streaming=True, tools=False, local=True,
+                                         max_context=self.options.max_context or context)
+
+    def __repr__(self) -> str:
+        return f"LocalProvider(name={self.name!r}, model={self.default_model()!r})"
+
+    @property
+    def ready(self) -> bool:
+        return self.engine is not None or self.loader is not None
+
+    @property
+    def not_ready_reason(self) -> str | None:
+        return None if self.ready else "no local engine loaded"
+
+    def default_model(self) -> str:
+        if self.engine is not None:
+            return self.engine.model_id
+        return resolve_alias(self.options.models, None) if self.options.models else "local"
+
+    def resolve_model(self, model: str | None) -> str:
+        if not self.options.models:
+            return self.default_model()
+        return resolve_alias(self.options.models, model)
+
+    def count_tokens(self, text: str) -> int | None:
+        if self.engine is None:
+            return None
+        try:
+            return int(self.engine.count_tokens(text))
+        except Exception:  # noqa: BLE001 - an estimate is fine here
+            return None
+
+    async def _engine(self) -> EngineLike:
+        if self.engine is None and self.loader is not None:
+            self._loading = self._loading or asyncio.Lock()
+            async with self._loading:
+                if self.engine is None:
+                    log.info("local: loading the engine")
+                    self.engine = await self.loader()
+        if self.engine is None:
+            raise ProviderError(f"{self.name}: {self.not_ready_reason}", retryable=True, status=503)
+        return self.engine
+
+    async def aclose(self) -> None:
+        """The engine's owner stops it; a lazily loaded engine is ours to stop."""
+        if self.loader is not None and self.engine is not None and hasattr(self.engine, "stop"):
+            await self.engine.stop()
+            self.engine = None
+
+    async def chat(self, request: ChatRequest, model: str) -> Completion:
+        parts: list[str] = []
+        async for ev in self.stream(request, model):
+            if isinstance(ev, Delta):
+                parts.append(ev.text)
+            else:
+                return Completion(text="".join(parts), usage=ev.usage, finish_reason=ev.finish_reason,
+                                  model=ev.model)
+        raise ProviderError(f"{self.name}: stream ended without a result", retryable=False)
+
+    async def stream(self, request: ChatRequest, model: str) -> AsyncIterator[StreamEvent]:
+        engine = await self._engine()
+        if model != engine.model_id:
+            log.debug("local: %s asked for, %s loaded; the loaded model answers", model, engine.model_id)
+        request_id = request.request_id or f"route-{uuid.uuid4().hex[:12]}"
+        try:
+            handle = engine.submit(messages=request.messages, params=request.params, request_id=request_id)
+        except Overloaded as exc:
+            raise ProviderError(f"{self.name}: {exc.message}", retryable=True, status=429) from exc
+        started = finished = False
+        try:
+            async for ev in handle:
+                if ev.error:
+                    raise ProviderError(f"{self.name}: {ev.error}", retryable=not started)
+                if ev.text:
+                    started = True
+                    yield Delta(ev.text)
+                if ev.finished:
+                    finished = True
+                    m = ev.metrics
+                    usage = Usage(m.input_tokens, m.output_tokens) if m else Usage()
+                    yield Done(usage=usage, finish_reason=ev.finish_reason or "stop", model=engine.model_id)
+                    return
+        finally:
+            if not finished:  # the caller went away or something broke: free the slot
+                try:
+                    await engine.abort(request_id)
+                except Exception as exc:  # noqa: BLE001 - best effort; the engine may be stopping
+                    log.debug("local: abort of %s failed: %s", request_id, exc)
+        raise ProviderError(f"{self.name}: engine stream ended early", retryable=not started)
