@@ -5,8 +5,10 @@ being traces, metrics or logs. Each process writes only files it created (the pi
 random token are in the name), opened O_APPEND and written one whole line per write call,
 so workers never interleave. A file is closed and a new one started when it passes
 `max_file_bytes` or is older than `max_file_age_s`; at each rotation the oldest files of
-any process are deleted until the directory fits in `max_total_bytes` (and files older
-than `retention_s` go too). A writer whose file was pruned by another process notices the
+any process are deleted until the directory, plus room for the new file to fill, fits in
+`max_total_bytes` (and files older than `retention_s` go too). So one writer never exceeds
+the cap; with W writers (3 signals x workers) the directory can pass it by at most the
+partly filled current files of the other W-1. A writer whose file was pruned by another process notices the
 unlinked inode and starts a fresh one.
 
 Writes happen on the SDK's background export threads, never on the request path. An
@@ -42,6 +44,10 @@ class Limits:
     retention_s: float | None = None
     retry_after_s: float = 30.0
 
+    def __post_init__(self) -> None:
+        if self.max_file_bytes < 1 or self.max_total_bytes < 2 * self.max_file_bytes:
+            raise ValueError("telemetry limits: max_total_bytes must be at least twice max_file_bytes")
+
 
 @dataclass(frozen=True)
 class TelemetryFile:
@@ -76,15 +82,17 @@ def list_files(directory: Path, signal: str | None = None) -> list[TelemetryFile
 
 
 def prune(directory: Path, limits: Limits, keep: frozenset[str] = frozenset(),
-          now: float | None = None) -> int:
-    """Delete the oldest files until the directory fits the limits; returns bytes freed."""
+          now: float | None = None, reserve: int = 0) -> int:
+    """Delete the oldest files until the directory plus `reserve` bytes (room for the file
+    just opened to fill) fits the limits; returns bytes freed."""
     files = list_files(directory)
     now = time.time() if now is None else now
     total = sum(f.size for f in files)
+    budget = max(0, limits.max_total_bytes - reserve)
     freed = 0
     for f in files:
         too_old = limits.retention_s is not None and now - f.mtime > limits.retention_s
-        if total <= limits.max_total_bytes and not too_old:
+        if total <= budget and not too_old:
             continue
         if f.name in keep:
             continue
@@ -206,7 +214,8 @@ class RotatingWriter:
         self._fd, self._path, self._pid = fd, path, os.getpid()
         self._opened_at, self._size = now, 0
         with contextlib.suppress(OSError):
-            prune(self.directory, self.limits, keep=frozenset({path.name}))
+            prune(self.directory, self.limits, keep=frozenset({path.name}),
+                  reserve=self.limits.max_file_bytes)
         return fd
 
     def _close(self) -> None:

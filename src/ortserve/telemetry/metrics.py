@@ -1,0 +1,50 @@
+"""Prometheus metrics for /metrics (one registry per app, so tests can run several apps)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class ServerMetrics:
+    def __init__(self, stats: Callable[[], Any] | None = None) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("ortserve_requests", "HTTP requests by route and status",
+                                ["route", "status"], registry=r)
+        self.tokens = Counter("ortserve_tokens", "Tokens processed", ["direction"], registry=r)
+        self.ttft = Histogram("ortserve_time_to_first_token_seconds", "Time to first token",
+                              buckets=LATENCY_BUCKETS, registry=r)
+        self.tpot = Histogram("ortserve_time_per_output_token_seconds", "Time per output token",
+                              buckets=(0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0), registry=r)
+        self.latency = Histogram("ortserve_request_duration_seconds", "End-to-end generation latency",
+                                 buckets=LATENCY_BUCKETS, registry=r)
+        self.queue = Gauge("ortserve_queue_depth", "Requests waiting for a slot", registry=r)
+        self.running = Gauge("ortserve_running_requests", "Requests generating", registry=r)
+        self.tps = Gauge("ortserve_tokens_per_second", "Decode tokens per second (last 5 s)", registry=r)
+        self._stats = stats
+
+    def bind(self, stats: Callable[[], Any]) -> None:
+        self._stats = stats
+
+    def observe(self, metrics: Any) -> None:
+        if metrics is None:
+            return
+        self.tokens.labels("input").inc(metrics.input_tokens)
+        self.tokens.labels("output").inc(metrics.output_tokens)
+        if metrics.ttft is not None:
+            self.ttft.observe(metrics.ttft)
+        if metrics.tpot is not None:
+            self.tpot.observe(metrics.tpot)
+        self.latency.observe(metrics.total_latency)
+
+    def render(self) -> bytes:
+        if self._stats is not None:
+            s = self._stats()
+            self.queue.set(s.waiting)
+            self.running.set(s.running)
+            self.tps.set(s.tokens_per_second)
+        return generate_latest(self.registry)
