@@ -53,9 +53,12 @@ class LocalProvider:
 
     def __init__(self, engine: EngineLike | None = None, name: str = "local",
                  options: LocalOptions | None = None,
-                 loader: Callable[[], Awaitable[EngineLike]] | None = None) -> None:
-        """engine: a started AsyncEngine; or loader: loads and starts one on first use."""
+                 loader: Callable[[], Awaitable[EngineLike]] | None = None,
+                 planned_model: str | None = None) -> None:
+        """engine: a started AsyncEngine; or loader: loads and starts one on first use
+        (planned_model names it until then)."""
         self.name = name
+        self.planned_model = planned_model
         self.engine = engine
         self.loader = loader
         self._loading: asyncio.Lock | None = None
@@ -78,10 +81,13 @@ class LocalProvider:
     def default_model(self) -> str:
         if self.engine is not None:
             return self.engine.model_id
-        return resolve_alias(self.options.models, None) if self.options.models else "local"
+        if self.options.models:
+            return resolve_alias(self.options.models, None)
+        return self.planned_model or "local"
 
     def resolve_model(self, model: str | None) -> str:
-        if not self.options.models:
+        """The loaded engine answers whatever was asked, so name it (one engine per server)."""
+        if self.engine is not None or not self.options.models:
             return self.default_model()
         return resolve_alias(self.options.models, model)
 

@@ -119,7 +119,7 @@ def parse_config(data: dict[str, Any], source: str | None = None) -> RouterConfi
             specs[name] = spec
     if not any(s.type == "local" for s in specs.values()):
         specs["local"] = ProviderSpec("local", "local", PROVIDER_TYPES["local"].Options())
-    known = set(specs) | {"local"}
+    known = set(specs) | set(top.providers) | {"local"}  # a broken entry is reported once, above
 
     def check(name: str, at: str) -> None:
         if name not in known:
@@ -148,10 +148,15 @@ def _provider(name: str, raw: dict[str, Any], problems: list[str]) -> ProviderSp
     prices_raw = raw.pop("prices", {})
     try:
         options = PROVIDER_TYPES[kind].Options.model_validate(raw)
-        prices = {m: Price.model_validate(p) for m, p in (prices_raw or {}).items()}
     except ValidationError as exc:
         problems.append(_format(None, exc.errors(), prefix=f"providers.{name}."))
         return None
+    prices = {}
+    for model, price in (prices_raw or {}).items():
+        try:
+            prices[model] = Price.model_validate(price)
+        except ValidationError as exc:
+            problems.append(_format(None, exc.errors(), prefix=f"providers.{name}.prices.{model}."))
     if kind != "local" and not getattr(options, "models", None):
         problems.append(f"providers.{name}.models: give at least a 'default' model")
         return None

@@ -110,7 +110,7 @@ class Router:
         """The router the server and CLI use. No ORTSERVE_ROUTER_CONFIG: local only, no network."""
         config = load_config(settings.router_config) if settings.router_config else RouterConfig.local_only()
         if local is None:
-            local = LocalProvider(loader=_settings_loader(settings))
+            local = LocalProvider(loader=_settings_loader(settings), planned_model=settings.model or "default")
         return cls.from_config(config, local=local, env=env, ledger=Ledger(settings.ledger_path))
 
     @classmethod
@@ -124,7 +124,7 @@ class Router:
                 engine = local.engine if local else None
                 loader = local.loader if local else None
                 providers[name] = LocalProvider(engine, name=name, options=spec.options,  # type: ignore[arg-type]
-                                                loader=loader)
+                                                loader=loader, planned_model=local.planned_model if local else None)
             else:
                 providers[name] = PROVIDER_TYPES[spec.type](name, spec.options, env)
         return cls(config, providers, ledger=ledger)
