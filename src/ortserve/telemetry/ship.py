@@ -59,8 +59,7 @@ def base_url(endpoint: str) -> str:
     """`http://host:4318` (a trailing /v1/<signal> is tolerated) -> `http://host:4318`."""
     url = endpoint.strip().rstrip("/")
     for signal in SIGNALS:
-        if url.endswith(f"/v1/{signal}"):
-            url = url[: -len(f"/v1/{signal}")]
+        url = url.removesuffix(f"/v1/{signal}")
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise InvalidRequest(f"--endpoint {endpoint!r}: expected an OTLP/HTTP URL like "
