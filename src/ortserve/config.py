@@ -26,7 +26,8 @@ def _env(*names: str) -> AliasChoices:
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_file=".env", extra="ignore", populate_by_name=True)
+    # No populate_by_name: field names like `home` must not read unrelated env vars ($HOME).
+    model_config = SettingsConfigDict(env_file=".env", extra="ignore")
 
     # where things live
     home: Path = Field(Path("~/.cache/ortserve"), validation_alias=_env("ORTSERVE_HOME"),
@@ -157,8 +158,7 @@ class _FileSource(PydanticBaseSettingsSource):
         if path is None or not path.is_file():
             return {}
         data = read_config_file(path)
-        known = set(self.settings_cls.model_fields)
-        return {k: v for k, v in data.items() if k in known}
+        return by_alias({k: v for k, v in data.items() if k in self.settings_cls.model_fields})
 
 
 def env_names(name: str) -> list[str]:
@@ -187,4 +187,9 @@ def _plain(v: Any) -> Any:
 
 def load_settings(**overrides: Any) -> Settings:
     """Settings with CLI flags (non-None overrides) on top."""
-    return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    return Settings(**by_alias({k: v for k, v in overrides.items() if v is not None}))
+
+
+def by_alias(values: dict[str, Any]) -> dict[str, Any]:
+    """Field names -> the env-var alias pydantic-settings validates by."""
+    return {env_names(k)[0]: v for k, v in values.items()}

@@ -1,0 +1,1 @@
+"""The ortserve command line."""

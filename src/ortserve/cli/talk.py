@@ -1,0 +1,112 @@
+"""`ortserve ask` and `ortserve chat`: talking to a model from the terminal."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from ortserve.cli.common import echo_json, guarded, load_model, model_options, pop_model_flags, settings_from
+from ortserve.types import SamplingParams
+
+RULE = "═" * 70
+
+
+def sampling_options(fn: Any) -> Any:
+    for o in reversed([
+        click.option("--max-tokens", type=int, default=256, show_default=True),
+        click.option("--temperature", type=float, default=0.7, show_default=True),
+        click.option("--top-p", type=float, default=0.9, show_default=True),
+        click.option("--top-k", type=int, default=50, show_default=True),
+        click.option("--seed", type=int, default=None),
+        click.option("--system", default=None, help="System prompt"),
+    ]):
+        fn = o(fn)
+    return fn
+
+
+def params_from(kw: dict[str, Any]) -> SamplingParams:
+    return SamplingParams(max_tokens=kw.pop("max_tokens"), temperature=kw.pop("temperature"),
+                          top_p=kw.pop("top_p"), top_k=kw.pop("top_k"), seed=kw.pop("seed"))
+
+
+def messages_for(question: str, system: str | None) -> list[dict[str, str]]:
+    return ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": question}]
+
+
+@click.command()
+@click.argument("questions", nargs=-1, required=True)
+@model_options
+@sampling_options
+@click.option("--json", "as_json", is_flag=True, help="Print results as JSON")
+@guarded
+def ask(questions: tuple[str, ...], as_json: bool, **kw: Any) -> None:
+    """Answer one or more questions in one batch, with a progress bar."""
+    from ortserve.engine import LLM
+
+    settings = settings_from(**pop_model_flags(kw))
+    system = kw.pop("system")
+    params = params_from(kw)
+    with LLM(load_model(settings), settings) as llm:
+        outs = llm.generate([messages_for(q, system) for q in questions], params, progress=not as_json)
+        model_id = llm.engine.model_id
+    if as_json:
+        echo_json({"model": model_id, "results": [
+            {"question": q, "answer": o.text, "tokens": o.metrics.output_tokens, "finish_reason": o.finish_reason,
+             "metrics": o.metrics.to_dict()} for q, o in zip(questions, outs)]})
+        return
+    click.echo(f"{RULE}\nRESULTS ({model_id})\n{RULE}")
+    for i, (q, o) in enumerate(zip(questions, outs), 1):
+        click.echo(f"📝 Question {i}: {q}\n💬 Answer: {o.text.strip()}\n📊 Tokens: {o.metrics.output_tokens}"
+                   f"  ({o.metrics.output_tokens_per_second:.1f} tok/s, TTFT {1000 * (o.metrics.ttft or 0):.0f} ms)")
+        click.echo(RULE)
+
+
+@click.command()
+@model_options
+@sampling_options
+@guarded
+def chat(**kw: Any) -> None:
+    """An interactive, streaming conversation. /reset clears history, /exit leaves; Ctrl-C stops an answer."""
+    from ortserve.engine import LLM
+
+    settings = settings_from(**pop_model_flags(kw))
+    system = kw.pop("system")
+    params = params_from(kw)
+    with LLM(load_model(settings), settings) as llm:
+        click.echo(f"Chatting with {llm.engine.model_id}. /reset clears the history, /exit leaves.", err=True)
+        history: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
+        while True:
+            try:
+                line = input(">>> ")
+            except (EOFError, KeyboardInterrupt):
+                click.echo("", err=True)
+                return
+            if line.strip() in ("/exit", "/quit", "/bye"):
+                return
+            if line.strip() == "/reset":
+                history = history[:1] if system else []
+                click.echo("(history cleared)", err=True)
+                continue
+            if not line.strip():
+                continue
+            history.append({"role": "user", "content": line})
+            answer = _stream_answer(llm, history, params)
+            history.append({"role": "assistant", "content": answer})
+
+
+def _stream_answer(llm: Any, history: list[dict[str, str]], params: SamplingParams) -> str:
+    parts: list[str] = []
+    stream = llm.stream(list(history), params)
+    try:
+        for piece in stream:
+            parts.append(piece)
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+    except KeyboardInterrupt:
+        stream.close()  # aborts the request; the session goes on
+        sys.stdout.write(" [stopped]")
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+    return "".join(parts)

@@ -1,0 +1,147 @@
+"""The OpenAI-compatible API: /v1/chat/completions, /v1/completions, /v1/models."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any, AsyncIterator
+
+from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
+
+from ortserve.engine import AsyncEngine, RequestHandle
+from ortserve.errors import NotFound
+from ortserve.models.catalog import CATALOG
+from ortserve.server.protocol import ChatCompletionRequest, CompletionRequest
+from ortserve.server.routes_seed import state_of
+from ortserve.server.service import GenerationFailed, collect, submit_n, usage
+from ortserve.server.sse import SSE_HEADERS, merge, sse, unless_disconnected
+from ortserve.types import SamplingParams
+
+router = APIRouter()
+GENERIC_NAMES = {"onnx-genai", "default", "local"}
+
+
+def check_model(engine: AsyncEngine, requested: str | None) -> str:
+    """The served model answers to its id, its catalog aliases and the seed's 'onnx-genai'."""
+    served = engine.model_id
+    if requested is None or requested == served or requested in GENERIC_NAMES:
+        return served
+    entry = CATALOG.get(served)
+    if entry is not None and requested in entry.aliases:
+        return served
+    raise NotFound(f"The model '{requested}' does not exist; this server serves '{served}'",
+                   param="model", code="model_not_found")
+
+
+@router.get("/v1/models")
+async def models(request: Request) -> dict[str, Any]:
+    st = state_of(request)
+    engine = st.ready_engine()
+    return {"object": "list", "data": [{"id": engine.model_id, "object": "model", "created": int(st.started),
+                                        "owned_by": "ortserve", "context_length": engine.context_length}]}
+
+
+@router.post("/v1/chat/completions", response_model=None)
+async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
+    st = state_of(request)
+    engine = st.ready_engine()
+    model = check_model(engine, body.model)
+    params = body.to_sampling_params(st.settings.default_max_tokens, st.settings.max_tokens_cap,
+                                     body.effective_max_tokens())
+    handles = submit_n(engine, body.n, params, messages=body.plain_messages())
+    rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        chunks = _chat_chunks(st, handles, rid, created, model, include_usage)
+        return StreamingResponse(chunks, media_type="text/event-stream", headers=SSE_HEADERS)
+    answers = await unless_disconnected(request, asyncio.gather(*(collect(h) for h in handles)))
+    for a in answers:
+        st.metrics.observe(a.metrics)
+    return {"id": rid, "object": "chat.completion", "created": created, "model": model,
+            "system_fingerprint": None,
+            "choices": [{"index": i, "message": {"role": "assistant", "content": a.text},
+                         "logprobs": None, "finish_reason": a.finish_reason} for i, a in enumerate(answers)],
+            "usage": usage(handles[0].input_tokens, [a.metrics for a in answers])}
+
+
+async def _chat_chunks(st: Any, handles: list[RequestHandle], rid: str, created: int, model: str,
+                       include_usage: bool) -> AsyncIterator[str]:
+    base = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
+            "system_fingerprint": None}
+    extra = {"usage": None} if include_usage else {}
+    for i in range(len(handles)):
+        yield sse({**base, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
+                                        "logprobs": None, "finish_reason": None}], **extra})
+    finals = []
+    async for i, ev in merge(*handles):
+        if ev.finish_reason == "error":
+            yield sse(GenerationFailed(ev.error or "generation failed").to_openai())
+            return
+        if ev.text:
+            yield sse({**base, "choices": [{"index": i, "delta": {"content": ev.text}, "logprobs": None,
+                                            "finish_reason": None}], **extra})
+        if ev.finished:
+            st.metrics.observe(ev.metrics)
+            finals.append(ev.metrics)
+            yield sse({**base, "choices": [{"index": i, "delta": {}, "logprobs": None,
+                                            "finish_reason": ev.finish_reason}], **extra})
+    if include_usage:
+        yield sse({**base, "choices": [], "usage": usage(handles[0].input_tokens, finals)})
+    yield sse("[DONE]")
+
+
+@router.post("/v1/completions", response_model=None)
+async def completions(body: CompletionRequest, request: Request) -> Any:
+    st = state_of(request)
+    engine = st.ready_engine()
+    model = check_model(engine, body.model)
+    params: SamplingParams = body.to_sampling_params(st.settings.default_max_tokens, st.settings.max_tokens_cap)
+    prompts = body.prompts()
+    handles: list[RequestHandle] = []
+    try:
+        for p in prompts:
+            handles += submit_n(engine, body.n, params, prompt=p)
+    except Exception:
+        for h in handles:
+            engine.core.abort(h.id)
+        raise
+    rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+    prompt_tokens = sum(h.input_tokens for h in handles[::body.n])
+    echo = [prompts[i // body.n] if body.echo else "" for i in range(len(handles))]
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return StreamingResponse(_completion_chunks(st, handles, rid, created, model, include_usage, echo,
+                                                    prompt_tokens),
+                                 media_type="text/event-stream", headers=SSE_HEADERS)
+    answers = await unless_disconnected(request, asyncio.gather(*(collect(h) for h in handles)))
+    for a in answers:
+        st.metrics.observe(a.metrics)
+    return {"id": rid, "object": "text_completion", "created": created, "model": model,
+            "choices": [{"index": i, "text": echo[i] + a.text, "logprobs": None, "finish_reason": a.finish_reason}
+                        for i, a in enumerate(answers)],
+            "usage": usage(prompt_tokens, [a.metrics for a in answers])}
+
+
+async def _completion_chunks(st: Any, handles: list[RequestHandle], rid: str, created: int, model: str,
+                             include_usage: bool, echo: list[str], prompt_tokens: int) -> AsyncIterator[str]:
+    base = {"id": rid, "object": "text_completion", "created": created, "model": model}
+    extra = {"usage": None} if include_usage else {}
+    for i, prefix in enumerate(echo):
+        if prefix:
+            yield sse({**base, "choices": [{"index": i, "text": prefix, "logprobs": None, "finish_reason": None}]})
+    finals = []
+    async for i, ev in merge(*handles):
+        if ev.finish_reason == "error":
+            yield sse(GenerationFailed(ev.error or "generation failed").to_openai())
+            return
+        if ev.text or ev.finished:
+            yield sse({**base, "choices": [{"index": i, "text": ev.text, "logprobs": None,
+                                            "finish_reason": ev.finish_reason if ev.finished else None}], **extra})
+        if ev.finished:
+            st.metrics.observe(ev.metrics)
+            finals.append(ev.metrics)
+    if include_usage:
+        yield sse({**base, "choices": [], "usage": usage(prompt_tokens, finals)})
+    yield sse("[DONE]")

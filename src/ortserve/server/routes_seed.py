@@ -1,0 +1,80 @@
+"""The seed's API: /healthz, /v1/chat, /v1/chat/stream, plus /metrics."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, AsyncIterator
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from ortserve.server.protocol import SeedChatRequest
+from ortserve.server.service import collect
+from ortserve.server.sse import SSE_HEADERS, sse, unless_disconnected
+from ortserve.server.state import ServerState
+
+router = APIRouter()
+
+
+def state_of(request: Request) -> ServerState:
+    return request.app.state.ortserve  # type: ignore[no-any-return]
+
+
+@router.get("/healthz")
+async def healthz(request: Request) -> JSONResponse:
+    st = state_of(request)
+    engine = st.engine
+    body: dict[str, Any] = {
+        "status": "ok" if engine and not st.draining else
+        ("draining" if st.draining else ("error" if st.load_error else "loading")),
+        "backend": "onnx-genai",
+        "device": engine.device if engine else st.settings.device,
+        "model_dir": str(engine.model.dir) if engine else st.model_dir,
+        "uptime": round(time.time() - st.started, 3),
+    }
+    if engine is not None:
+        choice = engine.model.choice
+        body.update(model=engine.model_id, execution_provider=choice.provider, device_reason=choice.reason,
+                    context_length=engine.context_length, running=engine.stats().running,
+                    waiting=engine.stats().waiting)
+    if st.load_error:
+        body["error"] = st.load_error
+    return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    return Response(state_of(request).metrics.render(), media_type="text/plain; version=0.0.4")
+
+
+@router.post("/v1/chat")
+async def chat(body: SeedChatRequest, request: Request) -> dict[str, Any]:
+    st = state_of(request)
+    engine = st.ready_engine()
+    params = body.to_sampling_params(st.settings.default_max_tokens, st.settings.max_tokens_cap)
+    handle = engine.submit(messages=body.plain_messages(), params=params)
+    answer = await unless_disconnected(request, collect(handle))
+    st.metrics.observe(answer.metrics)
+    return {"content": answer.text, "finish_reason": answer.finish_reason, "metrics": answer.metrics.to_dict()}
+
+
+@router.post("/v1/chat/stream")
+async def chat_stream(body: SeedChatRequest, request: Request) -> StreamingResponse:
+    st = state_of(request)
+    engine = st.ready_engine()
+    params = body.to_sampling_params(st.settings.default_max_tokens, st.settings.max_tokens_cap)
+    handle = engine.submit(messages=body.plain_messages(), params=params)
+
+    async def events() -> AsyncIterator[str]:
+        async for ev in handle:
+            if ev.finish_reason == "error":
+                yield sse({"error": ev.error, "done": True})
+                return
+            if ev.text:
+                yield sse({"token": ev.text})
+            if ev.finished:
+                st.metrics.observe(ev.metrics)
+                yield sse({"done": True, "token": "[DONE]", "finish_reason": ev.finish_reason,
+                           "metrics": ev.metrics.to_dict() if ev.metrics else None})
+
+    return StreamingResponse(events(), media_type="text/event-stream", headers=SSE_HEADERS)

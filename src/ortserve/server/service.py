@@ -1,0 +1,53 @@
+"""What the routes share: submitting n copies of a request and collecting answers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ortserve.engine import AsyncEngine, RequestHandle
+from ortserve.errors import OrtServeError
+from ortserve.types import Metrics, SamplingParams
+
+
+class GenerationFailed(OrtServeError):
+    status = 500
+    type = "server_error"
+    code = "generation_failed"
+
+
+@dataclass
+class Answer:
+    text: str
+    finish_reason: str
+    metrics: Metrics
+
+
+def submit_n(engine: AsyncEngine, n: int, params: SamplingParams, **kw: object) -> list[RequestHandle]:
+    """n independent requests; with a seed, choice i uses seed + i so choices differ but repeat."""
+    handles = []
+    try:
+        for i in range(n):
+            p = params if params.seed is None or i == 0 else replace(params, seed=params.seed + i)
+            handles.append(engine.submit(params=p, **kw))  # type: ignore[arg-type]
+    except OrtServeError:
+        for h in handles:
+            engine.core.abort(h.id)
+        raise
+    return handles
+
+
+async def collect(handle: RequestHandle) -> Answer:
+    parts: list[str] = []
+    async for ev in handle:
+        if ev.finish_reason == "error":
+            raise GenerationFailed(ev.error or "generation failed")
+        parts.append(ev.text)
+        if ev.finished:
+            return Answer("".join(parts), ev.finish_reason or "stop", ev.metrics)  # type: ignore[arg-type]
+    raise GenerationFailed("generation ended without a result")  # pragma: no cover
+
+
+def usage(prompt_tokens: int, metrics: list[Metrics]) -> dict[str, int]:
+    completion = sum(m.output_tokens for m in metrics)
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
+            "total_tokens": prompt_tokens + completion}
