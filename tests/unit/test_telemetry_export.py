@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from ortserve.config import Settings
+from ortserve.config import load_settings
 from ortserve.errors import Overloaded
 from ortserve.telemetry import FileTelemetry, Telemetry, TelemetryConfig
 from ortserve.telemetry import names as n
@@ -187,7 +187,7 @@ def test_no_prompt_text_by_default(tmp_path: Path) -> None:
 
 
 def test_from_settings_off_by_default_is_a_noop(tmp_path: Path) -> None:
-    settings = Settings(home=tmp_path / "home")
+    settings = load_settings(home=tmp_path / "home")
     assert settings.telemetry is False
     tel = Telemetry.from_settings(settings)
     assert not tel.enabled and type(tel) is Telemetry
@@ -202,7 +202,7 @@ def test_from_settings_off_by_default_is_a_noop(tmp_path: Path) -> None:
 
 
 def test_from_settings_writes_to_telemetry_path(tmp_path: Path) -> None:
-    settings = Settings(home=tmp_path / "home", telemetry=True, telemetry_dir=tmp_path / "here")
+    settings = load_settings(home=tmp_path / "home", telemetry=True, telemetry_dir=tmp_path / "here")
     tel = Telemetry.from_settings(settings, metric_interval_s=3600)
     assert tel.enabled and not tel.content
     with tel.request_span("/healthz"):
