@@ -20,7 +20,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ortserve.errors import InvalidRequest
-from ortserve.types import SamplingParams, TokenEvent, Metrics
+from ortserve.types import Metrics, SamplingParams, TokenEvent
 
 
 def free_port() -> int:

@@ -89,8 +89,8 @@ def test_route_explain_and_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert out.exit_code == 0, out.output
     assert "provider:   onnx" in out.output and "Privacy-sensitive tasks" in out.output
     assert "private:    yes" in out.output
-    js = json.loads(runner.invoke(route_group, ["explain", "Design a distributed database, analyze "
-                                                "trade-offs", "--config", str(cfg), "--json"]).output)
+    hard = "Design a distributed database, analyze trade-offs"
+    js = json.loads(runner.invoke(route_group, ["explain", hard, "--config", str(cfg), "--json"]).output)
     assert js["provider"] == "anthropic" and js["complexity"] == "high" and js["complexity_estimated"]
     assert any("OPENROUTER_API_KEY" in n for n in js["notes"])
     check = runner.invoke(route_group, ["check", "--config", str(cfg)])

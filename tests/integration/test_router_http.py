@@ -1,0 +1,324 @@
+"""The router against real HTTP fakes on 127.0.0.1 that speak the Anthropic Messages API and
+the OpenAI chat completions API, with injected 500/429/timeouts/4xx."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from router_fakes import FakeCloud, FakeEngine, free_port
+
+from ortserve.config import Settings
+from ortserve.errors import Overloaded, ProviderError, Unavailable
+from ortserve.providers.base import ChatRequest, Delta, Hints
+from ortserve.router.config import parse_config
+from ortserve.router.costs import Ledger
+from ortserve.router.router import ChatResult, Router, RouteStart
+from ortserve.types import SamplingParams
+
+ANTHROPIC_KEY = "sk-ant-api03-SECRETSECRET-0123456789abcdef"
+OPENROUTER_KEY = "sk-or-v1-TOPSECRET-fedcba9876543210"
+ENV = {"ANTHROPIC_API_KEY": ANTHROPIC_KEY, "OPENROUTER_API_KEY": OPENROUTER_KEY}
+
+
+@pytest.fixture(scope="module")
+def clouds() -> Iterator[tuple[FakeCloud, FakeCloud]]:
+    a = FakeCloud("anthropic", reply="Hello from fake Anthropic").start()
+    o = FakeCloud("openai", reply="Hello from fake OpenRouter").start()
+    yield a, o
+    a.stop()
+    o.stop()
+
+
+@pytest.fixture()
+def anth(clouds: tuple[FakeCloud, FakeCloud]) -> FakeCloud:
+    clouds[0].reset()
+    return clouds[0]
+
+
+@pytest.fixture()
+def orouter(clouds: tuple[FakeCloud, FakeCloud]) -> FakeCloud:
+    clouds[1].reset()
+    return clouds[1]
+
+
+def make_router(a: FakeCloud, o: FakeCloud, tmp: Path, engine: FakeEngine | None = None,
+                rules: list[dict[str, Any]] | None = None, **top: Any) -> Router:
+    opts = {"maxRetries": 0, "retryBackoff": 0, "timeout": 0.5}
+    data = {
+        "defaultProvider": "anthropic",
+        "fallbackChain": ["anthropic", "openrouter", "local"],
+        "cooldownSeconds": 0,
+        "providers": {
+            "anthropic": {"baseUrl": a.url, "models": {"default": "claude-sonnet-4-5"}, **opts},
+            "openrouter": {"baseUrl": o.url, "models": {"default": "openai/gpt-4o-mini"}, **opts},
+            "local": {"type": "local"},
+        },
+        "routing": {"rules": rules if rules is not None else [
+            {"condition": {"complexity": "low"}, "action": {"provider": "local"}, "reason": "simple stays local"}]},
+    }
+    for k, v in top.items():
+        if k in ("anthropic", "openrouter"):
+            data["providers"][k].update(v)  # type: ignore[index]
+        else:
+            data[k] = v
+    return Router.from_config(parse_config(data), local=engine or FakeEngine(), env=ENV,
+                              ledger=Ledger(tmp / "costs.sqlite"))
+
+
+def req(text: str = "Explain this please", **hints: Any) -> ChatRequest:
+    hints.setdefault("complexity", "high")
+    return ChatRequest(messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": text}],
+                       params=SamplingParams(max_tokens=32, temperature=0.5, stop=("END",)),
+                       hints=Hints(**hints))
+
+
+async def collect(router: Router, request: ChatRequest) -> tuple[list[Any], ChatResult]:
+    events = [ev async for ev in router.stream(request)]
+    assert isinstance(events[0], RouteStart) and isinstance(events[-1], ChatResult)
+    return events, events[-1]
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def test_anthropic_messages_chat_and_stream(anth: FakeCloud, orouter: FakeCloud, tmp_path: Path) -> None:
+    router = make_router(anth, orouter, tmp_path)
+
+    async def main() -> tuple[ChatResult, list[Any], ChatResult]:
+        res = await router.chat(req("Explain this please"))
+        events, final = await collect(router, req("Explain this please"))
+        await router.aclose()
+        return res, events, final
+
+    res, events, final = run(main())
+    assert (res.text, res.provider, res.model) == ("Hello from fake Anthropic", "anthropic", "claude-sonnet-4-5")
+    # the fake counts words of `messages`; Anthropic takes the system prompt apart
+    assert (res.usage.prompt_tokens, res.usage.completion_tokens, res.finish_reason) == (3, 4, "stop")
+    assert res.cost_usd == pytest.approx((3 * 3 + 4 * 15) / 1e6)
+    assert res.headers()["X-Ortserve-Provider"] == "anthropic"
+    sent = anth.requests[0]
+    assert sent["headers"]["x-api-key"] == ANTHROPIC_KEY and sent["headers"]["anthropic-version"] == "2023-06-01"
+    assert sent["body"]["system"] == "Be brief." and sent["body"]["max_tokens"] == 32
+    assert sent["body"]["messages"] == [{"role": "user", "content": "Explain this please"}]
+    assert sent["body"]["stop_sequences"] == ["END"] and "stream" not in sent["body"]
+    assert anth.requests[1]["body"]["stream"] is True
+    deltas = [e.text for e in events if isinstance(e, Delta)]
+    assert len(deltas) == 4 and "".join(deltas) == "Hello from fake Anthropic" == final.text
+    assert (final.usage.prompt_tokens, final.usage.completion_tokens) == (3, 4)
+    assert events[0].provider == "anthropic" and final.cost_usd == res.cost_usd
+    assert orouter.requests == []
+
+
+def test_openai_compatible_chat_and_stream(anth: FakeCloud, orouter: FakeCloud, tmp_path: Path) -> None:
+    router = make_router(anth, orouter, tmp_path)
+    pinned = ChatRequest(messages=[{"role": "user", "content": "one two three"}], model="openrouter")
+
+    async def main() -> tuple[ChatResult, ChatResult, list[Any]]:
+        res = await router.chat(pinned)
+        events, final = await collect(router, pinned)
+        await router.aclose()
+        return res, final, events
+
+    res, final, events = run(main())
+    assert (res.text, res.provider, res.model) == ("Hello from fake OpenRouter", "openrouter", "openai/gpt-4o-mini")
+    assert (res.usage.prompt_tokens, res.usage.completion_tokens) == (3, 4)
+    assert res.cost_usd == pytest.approx((3 * 0.15 + 4 * 0.6) / 1e6)
+    assert orouter.requests[0]["headers"]["authorization"] == f"Bearer {OPENROUTER_KEY}"
+    body = orouter.requests[1]["body"]
+    assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+    assert "".join(e.text for e in events if isinstance(e, Delta)) == final.text == res.text
+    assert (final.usage.prompt_tokens, final.usage.completion_tokens) == (3, 4)
+    assert anth.requests == []
+
+
+def test_rule_sends_simple_work_local_at_zero_cost(anth: FakeCloud, orouter: FakeCloud, tmp_path: Path) -> None:
+    engine = FakeEngine()
+    router = make_router(anth, orouter, tmp_path, engine=engine)
+    res = run(router.chat(req("What is 2+2?", complexity=None)))
+    assert (res.provider, res.text, res.cost_usd, res.reason) == ("local", "local answer here", 0.0,
+                                                                  "simple stays local")
+    assert engine.submitted[0]["params"].max_tokens == 32
+    assert anth.requests == [] and orouter.requests == []
+
+
+@pytest.mark.parametrize("hints", [{"privacy": "high"}, {"local_only": True}])
+def test_private_requests_never_reach_a_cloud_server(anth: FakeCloud, orouter: FakeCloud, tmp_path: Path,
+                                                     hints: dict[str, Any]) -> None:
+    everything_cloud = [{"condition": {}, "action": {"provider": "anthropic"}, "reason": "cloud for all"}]
+    ok = make_router(anth, orouter, tmp_path, rules=everything_cloud)
+    res = run(ok.chat(req("my diagnosis is ...", **hints)))
+    assert res.provider == "local" and "private" in res.reason
+    _, final = run(collect(ok, req("my diagnosis is ...", **hints)))
+    assert final.provider == "local"
+    # the local engine fails in a way that would normally fall back: still nothing leaves
+    broken = make_router(anth, orouter, tmp_path, engine=FakeEngine(fail_with=Overloaded("queue full")),
+                         rules=everything_cloud)
+    with pytest.raises(Unavailable, match="queue full"):
+        run(broken.chat(req("my diagnosis is ...", **hints)))
+    with pytest.raises(Unavailable):
+        run(collect(broken, req("my diagnosis is ...", **hints)))
+    # and pinning a cloud provider is refused, not sent
+    with pytest.raises(Exception, match="private"):
+        run(broken.chat(ChatRequest(messages=[{"role": "user", "content": "x"}], hints=Hints(**hints),
+                                    model="anthropic")))
+    assert anth.requests == [] and orouter.requests == []
+
+
+@pytest.mark.parametrize("failure", ["500", "503", "529", "429", "timeout", "401"])
+def test_fallback_to_next_provider(anth: FakeCloud, orouter: FakeCloud, tmp_path: Path, failure: str) -> None:
+    router = make_router(anth, orouter, tmp_path)
+    anth.script.append(failure)
+    res = run(router.chat(req()))
+    assert res.provider == "openrouter" and res.text == "Hello from fake OpenRouter"
+    assert len(anth.requests) == 1 and len(orouter.requests) == 1
+    assert len(res.failed) == 1 and res.failed[0].startswith("anthropic:")
+    assert "fell back to openrouter" in res.reason
+
+
+def test_fallback_order_down_the_whole_chain(anth: FakeCloud, orouter: FakeCloud, tmp_path: Path) -> None:
+    router = make_router(anth, orouter, tmp_path)
+    anth.script.append("500")
+    orouter.script.append("429")
+    res = run(router.chat(req()))
+    assert res.provider == "local" and len(res.failed) == 2
+    assert [f.split(":")[0] for f in res.failed] == ["anthropic", "openrouter"]
+
+
+def test_connection_refused_falls_back(anth: FakeCloud, orouter: FakeCloud, tmp_path: Path) -> None:
+    dead = FakeCloud("anthropic")
+    dead.port = free_port()  # nothing listens here
+    router = make_router(dead, orouter, tmp_path)
+    res = run(router.chat(req()))
+    assert res.provider == "openrouter" and "connection failed (ConnectError" in res.failed[0]
+
+
+def test_stream_falls_back_before_the_first_byte(anth: FakeCloud, orouter: FakeCloud, tmp_path: Path) -> None:
+    router = make_router(anth, orouter, tmp_path)
+    anth.script.append("sse-error")  # HTTP 200, then an overloaded_error event before any text
+    orouter.script.append("500")
+    events, final = run(collect(router, req()))
+    assert final.provider == "local" and events[0].provider == "local"
+    assert "".join(e.text for e in events if isinstance(e, Delta)) == "local answer here"
+    anth.reset()
+    orouter.reset()
+    orouter.script.append("sse-error")  # OpenAI-style error chunk before any text
+    events, final = run(collect(make_router(anth, orouter, tmp_path), req()))
+    assert final.provider == "anthropic" and final.failed == []
+    orouter.script.append("sse-error")  # pinned: nothing to fall back to, the error is reported
+    with pytest.raises(Unavailable, match="upstream overloaded"):
+        run(collect(make_router(anth, orouter, tmp_path),
+                    ChatRequest(messages=[{"role": "user", "content": "x"}], model="openrouter")))
+
+
+def test_no_fallback_on_a_4xx_from_the_request(anth: FakeCloud, orouter: FakeCloud, tmp_path: Path) -> None:
+    router = make_router(anth, orouter, tmp_path)
+    anth.script += ["400", "400"]
+    with pytest.raises(ProviderError) as info:
+        run(router.chat(req()))
+    assert info.value.status == 400 and not info.value.retryable
+    assert "rejected the request (400): fake failure 400" in info.value.message
+    assert info.value.to_openai()["error"]["type"] == "invalid_request_error"
+    with pytest.raises(ProviderError):
+        run(collect(router, req()))
+    assert len(anth.requests) == 2 and orouter.requests == []
+
+
+def test_no_silent_switch_once_streaming_started(anth: FakeCloud, orouter: FakeCloud, tmp_path: Path) -> None:
+    router = make_router(anth, orouter, tmp_path)
+    anth.script.append("break")
+    seen: list[Any] = []
+
+    async def main() -> None:
+        async for ev in router.stream(req()):
+            seen.append(ev)
+
+    with pytest.raises(ProviderError, match="stream broke"):
+        run(main())
+    assert isinstance(seen[0], RouteStart) and seen[0].provider == "anthropic"
+    assert [e.text for e in seen[1:]] == ["Hello ", "from "]
+    assert orouter.requests == []
+
+
+def test_retries_stay_on_the_provider_first(anth: FakeCloud, orouter: FakeCloud, tmp_path: Path) -> None:
+    router = make_router(anth, orouter, tmp_path, anthropic={"maxRetries": 2})
+    anth.script += ["503", "429"]
+    res = run(router.chat(req()))
+    assert res.provider == "anthropic" and len(anth.requests) == 3 and orouter.requests == []
+    assert res.failed == []
+
+
+def test_cooldown_skips_a_failing_provider(anth: FakeCloud, orouter: FakeCloud, tmp_path: Path) -> None:
+    router = make_router(anth, orouter, tmp_path, cooldownSeconds=60)
+    anth.script.append("500")
+    assert run(router.chat(req())).provider == "openrouter"
+    second = run(router.chat(req()))
+    assert second.provider == "openrouter" and len(anth.requests) == 1  # not asked again while cooling
+    assert any("cooling down" in n for n in router.decide(req()).notes)
+
+
+def test_keys_never_in_logs_or_errors(anth: FakeCloud, orouter: FakeCloud, tmp_path: Path,
+                                      caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)  # includes httpx and httpcore debug logs
+    router = make_router(anth, orouter, tmp_path)
+    anth.script.append("401")  # the fake echoes the key back, as real APIs do
+    orouter.script.append("401")
+    res = run(router.chat(req()))
+    assert res.provider == "local"
+    anth.script.append("401")
+    with pytest.raises(Unavailable) as info:
+        run(router.chat(ChatRequest(messages=[{"role": "user", "content": "x"}], model="anthropic")))
+    texts = [caplog.text, str(info.value), info.value.message, repr(info.value.to_openai()), " ".join(res.failed),
+             res.reason, repr(router.providers), repr(router.config), str(router.decide(req()).to_dict())]
+    for key in (ANTHROPIC_KEY, OPENROUTER_KEY):
+        for t in texts:
+            assert key not in t and key[:12] not in t
+    assert "Incorrect API key provided: ***" in info.value.message
+    assert "anthropic answered 401" in caplog.text  # the user still learns which key is wrong
+
+
+def test_ledger_totals_and_savings(anth: FakeCloud, orouter: FakeCloud, tmp_path: Path) -> None:
+    router = make_router(anth, orouter, tmp_path)
+
+    async def main() -> list[ChatResult]:
+        out = [await router.chat(req("What is 2+2?", complexity=None)),
+               await router.chat(req("hard one")),
+               await router.chat(ChatRequest(messages=[{"role": "user", "content": "a b c"}], model="openrouter"))]
+        out.append((await collect(router, req("Hi", complexity="low")))[1])
+        await router.aclose()
+        return out
+
+    results = run(main())
+    assert [r.provider for r in results] == ["local", "anthropic", "openrouter", "local"]
+    report = router.ledger.report()  # type: ignore[union-attr]
+    assert report.requests == 4
+    assert report.cost_usd == pytest.approx(sum(r.cost_usd or 0 for r in results))
+    by = {(r.provider, r.model): r for r in report.rows}
+    assert by[("local", "tiny-local")].requests == 2 and by[("local", "tiny-local")].cost_usd == 0
+    assert by[("anthropic", "claude-sonnet-4-5")].cost_usd == pytest.approx(results[1].cost_usd)
+    baseline = sum((r.usage.prompt_tokens * 3 + r.usage.completion_tokens * 15) / 1e6 for r in results)
+    assert report.baseline_usd == pytest.approx(baseline)
+    assert report.savings_usd == pytest.approx(baseline - report.cost_usd)
+    assert report.baseline_models == ["anthropic:claude-sonnet-4-5"]
+
+
+def test_no_config_means_no_network(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*a: Any, **k: Any) -> None:
+        raise AssertionError("a network client was created")
+
+    monkeypatch.setattr(httpx.AsyncClient, "__init__", refuse)
+    monkeypatch.setattr(httpx.AsyncClient, "send", refuse)
+    settings = Settings(home=tmp_path, router_config=None)
+    router = Router.from_settings(settings, local=FakeEngine(), env=ENV)
+    assert list(router.providers) == ["local"]
+    hard = req("Design a distributed system and analyze the trade-offs", complexity="high")
+    res = run(router.chat(hard))
+    _, final = run(collect(router, hard))
+    assert res.provider == final.provider == "local" and res.cost_usd == 0
+    assert Ledger(settings.ledger_path).report().requests == 2
