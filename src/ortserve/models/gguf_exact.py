@@ -1,0 +1,403 @@
+"""Lossless GGUF import: the file's own quantized blocks on ONNX Runtime's MatMulNBits.
+
+The builder makes the graph (it knows the architectures) at int4 from the dequantized
+weights; then every MatMulNBits node gets the GGUF blocks of its weight instead of the
+builder's re-quantization (see gguf_reader for the block -> code mapping). Per-block
+minimums (Q4_1, Q5_1, Q4_K, Q5_K) have no integer zero point, so they become a separate
+term computed from block sums of the input:
+
+    y = MatMulNBits(x, codes, scales)  +  blocksum(x) @ offsets^T
+
+which keeps the integer fast path of the kernel (float zero points run ~50x slower on CPU).
+
+The import refuses (ModelError, with the numbers) unless every patched weight equals the
+dequantized reference weight and the logits of a short input match the fp32 reference
+build to float rounding.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from ortserve.errors import ModelError
+from ortserve.models import convert
+from ortserve.models.gguf_reader import SUPPORTED, ExactForm, UnsupportedBlockType, concat_rows, decode
+
+Progress = Callable[[str], None]
+
+# GGUF architectures whose builder graph names we map; True = llama.cpp permuted Q/K rows.
+ARCHITECTURES = {"llama": True, "mistral": True, "qwen2": False, "qwen3": False}
+# Builder module -> GGUF tensors (rows concatenated in this order when fused).
+MODULES = {
+    "attn/qkv_proj": ("attn_q", "attn_k", "attn_v"), "attn/q_proj": ("attn_q",),
+    "attn/k_proj": ("attn_k",), "attn/v_proj": ("attn_v",), "attn/o_proj": ("attn_output",),
+    "mlp/gate_up_proj": ("ffn_gate", "ffn_up"), "mlp/gate_proj": ("ffn_gate",),
+    "mlp/up_proj": ("ffn_up",), "mlp/down_proj": ("ffn_down",),
+}
+_LAYER_NODE = re.compile(r"^/model/layers\.(\d+)/(\w+/\w+)/MatMul")
+WEIGHT_RTOL = 1e-6        # patched weight vs dequantized reference, relative to max |w|
+LOGIT_TOL = 2e-3          # fp32-compute logits vs fp32 reference, relative to max |logit|
+
+
+@dataclass
+class GGUFWeights:
+    """The 2-D quantized tensors of a GGUF file, decoded on demand."""
+
+    path: Path
+    arch: str
+    n_head: int
+    n_head_kv: int
+    tensors: dict[str, Any] = field(default_factory=dict)   # name -> gguf ReaderTensor
+
+    @classmethod
+    def open(cls, path: Path) -> "GGUFWeights":
+        import gguf
+
+        reader = gguf.GGUFReader(str(path))
+        arch = _field(reader, "general.architecture")
+        if arch not in ARCHITECTURES:
+            raise UnsupportedBlockType(f"GGUF architecture {arch!r} is not mapped for exact import "
+                                       f"(supported: {', '.join(ARCHITECTURES)})")
+        heads = int(_field(reader, f"{arch}.attention.head_count"))
+        kv = int(_field(reader, f"{arch}.attention.head_count_kv", heads))
+        return cls(Path(path), arch, heads, kv, {t.name: t for t in reader.tensors})
+
+    def qtype(self, name: str) -> str:
+        return str(self.tensors[name].tensor_type.name)
+
+    def form(self, name: str) -> ExactForm:
+        t = self.tensors.get(name)
+        if t is None:
+            raise ModelError(f"{self.path.name} has no tensor {name}")
+        cols, rows = (int(x) for x in t.shape[:2])
+        f = decode(self.qtype(name), t.data, rows, cols)
+        perm = self.row_permutation(name, rows)
+        return f if perm is None else f.take_rows(perm)
+
+    def row_permutation(self, name: str, rows: int) -> np.ndarray | None:
+        """llama.cpp stores Q/K rows interleaved for its RoPE; transformers undoes it on load."""
+        if not ARCHITECTURES[self.arch] or not re.search(r"\.attn_[qk]\.weight$", name):
+            return None
+        heads = self.n_head if ".attn_q." in name else self.n_head_kv
+        idx = np.arange(rows).reshape(heads, rows // heads // 2, 2)
+        return idx.swapaxes(2, 1).reshape(rows)
+
+
+def _field(reader: Any, key: str, default: Any = None) -> Any:
+    f = reader.fields.get(key)
+    if f is None:
+        if default is None:
+            raise ModelError(f"GGUF file lacks {key}")
+        return default
+    v = f.parts[f.data[0]]
+    return bytes(v).decode() if v.dtype == np.uint8 else v[0]
+
+
+def gguf_tensor_names(node_name: str, weights: GGUFWeights) -> tuple[str, ...] | None:
+    """The GGUF tensors behind one builder MatMulNBits node (None: not a weight we map)."""
+    if node_name.startswith("/lm_head/MatMul"):
+        return ("output.weight",) if "output.weight" in weights.tensors else ("token_embd.weight",)
+    m = _LAYER_NODE.match(node_name)
+    if not m or m.group(2) not in MODULES:
+        return None
+    return tuple(f"blk.{m.group(1)}.{t}.weight" for t in MODULES[m.group(2)])
+
+
+def unsupported_tensors(weights: GGUFWeights) -> dict[str, str]:
+    """Matrix weights whose block type has no exact form: name -> type."""
+    out = {}
+    for name in weights.tensors:
+        if re.search(r"(^output|\.attn_[qkvo]\w*|\.ffn_(gate|up|down))\.weight$", name) or name == "output.weight":
+            qt = weights.qtype(name)
+            if qt not in SUPPORTED:
+                out[name] = qt
+    return out
+
+
+def preflight(gguf_path: Path) -> GGUFWeights:
+    """Open the file and refuse early (UnsupportedBlockType) if any matrix has no exact form."""
+    weights = GGUFWeights.open(gguf_path)
+    bad = unsupported_tensors(weights)
+    if bad:
+        kinds = sorted(set(bad.values()))
+        raise UnsupportedBlockType(f"{gguf_path.name}: {len(bad)} weight(s) in {', '.join(kinds)}, "
+                                   f"which have no exact MatMulNBits form (supported: {', '.join(SUPPORTED)})")
+    return weights
+
+
+
+def hf_weight_name(gguf_name: str, tied: bool) -> str:
+    """GGUF tensor -> Hugging Face Llama-family parameter (as gguf_to_hf saves it)."""
+    if gguf_name in ("output.weight", "token_embd.weight"):
+        return "model.embed_tokens.weight" if tied or gguf_name == "token_embd.weight" else "lm_head.weight"
+    layer, kind = re.match(r"^blk\.(\d+)\.(\w+)\.weight$", gguf_name).groups()  # type: ignore[union-attr]
+    module = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+              "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+              "ffn_down": "mlp.down_proj"}[kind]
+    return f"model.layers.{layer}.{module}.weight"
+
+
+class HFWeights:
+    """Lazy reader of the dequantized reference weights (safetensors in an HF directory)."""
+
+    def __init__(self, hf_dir: Path) -> None:
+        from safetensors import safe_open
+
+        self._files = [safe_open(str(p), framework="np") for p in sorted(Path(hf_dir).glob("*.safetensors"))]
+        self.keys = {k: f for f in self._files for k in f.keys()}
+
+    def get(self, name: str) -> np.ndarray:
+        if name not in self.keys:
+            raise ModelError(f"reference weights lack {name}")
+        return self.keys[name].get_tensor(name)
+
+
+def weight_error(form: ExactForm, names: tuple[str, ...], ref: HFWeights, tied: bool) -> float:
+    """Max |w_exact - w_reference| / max |w_reference| over the rows of one node."""
+    want = np.concatenate([ref.get(hf_weight_name(n, tied)).astype(np.float64) for n in names])
+    got = form.dequantize()
+    if got.shape != want.shape:
+        raise ModelError(f"{'+'.join(names)}: shape {got.shape} vs reference {want.shape}")
+    return float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
+
+
+def pack_codes(form: ExactForm) -> np.ndarray:
+    """[N, K] codes -> MatMulNBits B [N, K/group, group*bits/8] (4-bit: low nibble first)."""
+    n, k = form.codes.shape
+    c = form.codes.reshape(n, k // form.group, form.group)
+    if form.bits == 8:
+        return np.ascontiguousarray(c)
+    return np.ascontiguousarray(c[..., 0::2] | (c[..., 1::2] << 4)).astype(np.uint8)
+
+
+class GraphPatch:
+    """Rewrites the MatMulNBits nodes of one builder graph with exact GGUF weights."""
+
+    def __init__(self, model: Any, weights: GGUFWeights, ref: HFWeights) -> None:
+        self.model, self.weights, self.ref = model, weights, ref
+        self.tied = "output.weight" not in weights.tensors
+        self.inits: list[Any] = []
+        self.nodes: list[Any] = []
+        self.blocksums: dict[tuple[str, int], str] = {}
+        self.report: list[dict[str, Any]] = []
+        self.lm_head: tuple[str, ExactForm] | None = None     # (old B name, form)
+
+    def run(self) -> list[dict[str, Any]]:
+        graph = self.model.graph
+        for node in graph.node:
+            if node.op_type == "MatMulNBits":
+                self.patch_matmul(node)
+            else:
+                self.nodes.append(node)
+        if self.lm_head is not None:
+            self.patch_tied_embedding()
+        del graph.node[:]
+        graph.node.extend(self.nodes)
+        graph.initializer.extend(self.inits)
+        self.drop_unused_initializers()
+        return self.report
+
+    def add_init(self, name: str, array: np.ndarray) -> str:
+        from onnx import numpy_helper
+
+        self.inits.append(numpy_helper.from_array(array, name))
+        return name
+
+    def patch_matmul(self, node: Any) -> None:
+        from onnx import helper
+
+        names = gguf_tensor_names(node.name, self.weights)
+        if names is None:
+            raise ModelError(f"no GGUF weight maps to builder node {node.name}")
+        form = concat_rows([self.weights.form(n) for n in names])
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if form.codes.shape != (attrs["N"], attrs["K"]):
+            raise ModelError(f"{node.name}: GGUF shape {form.codes.shape} vs graph N={attrs['N']} K={attrs['K']}")
+        err = weight_error(form, names, self.ref, self.tied)
+        self.report.append({"node": node.name, "gguf": [self.weights.qtype(n) for n in names],
+                            "bits": form.bits, "group": form.group, "offsets": form.offsets is not None,
+                            "weight_error": err})
+        if err > WEIGHT_RTOL:
+            raise ModelError(f"exactness check failed: {node.name} differs from the dequantized reference "
+                             f"by {err:.3g} (relative, tolerance {WEIGHT_RTOL:g})")
+        base = node.input[1].rsplit(".weight", 1)[0]
+        if node.name.startswith("/lm_head/"):
+            self.lm_head = (node.input[1], form)
+        bias = list(node.input[5:6]) if len(node.input) > 5 else []
+        inputs = [node.input[0], self.add_init(f"{base}.gguf_codes", pack_codes(form)),
+                  self.add_init(f"{base}.gguf_scales", form.scales)]
+        del node.input[:]
+        node.input.extend(inputs + (["", ""] + bias if bias and bias[0] else []))
+        for a in node.attribute:
+            if a.name == "bits":
+                a.i = form.bits
+            elif a.name == "block_size":
+                a.i = form.group
+        if form.offsets is None:
+            self.nodes.append(node)
+            return
+        # y = MatMulNBits(x) + blocksum(x) @ offsets^T  (the per-block minimum term)
+        out = node.output[0]
+        node.output[0] = f"{out}/gguf_q"
+        xs = self.blocksum(node.input[0], attrs["K"], form.group)
+        off = self.add_init(f"{base}.gguf_offsets", np.ascontiguousarray(form.offsets.T))
+        self.nodes += [node,
+                       helper.make_node("MatMul", [xs, off], [f"{out}/gguf_min"], name=f"{node.name}/gguf_min"),
+                       helper.make_node("Add", [f"{out}/gguf_q", f"{out}/gguf_min"], [out],
+                                        name=f"{node.name}/gguf_add")]
+
+    def blocksum(self, x: str, k: int, group: int) -> str:
+        """Sums of x over each group of weights along K: [b, s, K] -> [b, s, K/group] (shared)."""
+        from onnx import helper
+
+        key = (x, group)
+        if key not in self.blocksums:
+            stem = f"{x}/gguf_blocksum{group}"
+            shape = self.add_init(f"{stem}/shape", np.array([0, 0, k // group, group], np.int64))
+            axes = self.add_init(f"{stem}/axes", np.array([-1], np.int64))
+            self.nodes += [helper.make_node("Reshape", [x, shape], [f"{stem}/blocks"], name=f"{stem}/Reshape"),
+                           helper.make_node("ReduceSum", [f"{stem}/blocks", axes], [f"{stem}/out"],
+                                            name=f"{stem}/ReduceSum", keepdims=0)]
+            self.blocksums[key] = f"{stem}/out"
+        return self.blocksums[key]
+
+    def patch_tied_embedding(self) -> None:
+        """A GatherBlockQuantized embedding reading the LM head's blocks follows the new blocks."""
+        from onnx import helper
+
+        old_b, form = self.lm_head  # type: ignore[misc]
+        producers = {o: n for n in self.nodes for o in n.output}
+        for node in self.nodes:
+            if node.op_type != "GatherBlockQuantized":
+                continue
+            reshape = producers.get(node.input[0])
+            if reshape is None or reshape.op_type != "Reshape" or reshape.input[0] != old_b:
+                continue
+            base = old_b.rsplit(".weight", 1)[0]
+            v, k = form.codes.shape
+            if form.offsets is not None:   # no integer form: the lookup table stays float
+                table = self.add_init(f"{base}.gguf_embedding", form.dequantize().astype(np.float32))
+                node.CopyFrom(helper.make_node("Gather", [table, node.input[1]], list(node.output),
+                                               name=node.name.replace("GatherBlockQuantized", "Gather")))
+                continue
+            reshape.input[0] = f"{base}.gguf_codes"
+            reshape.input[1] = self.add_init(f"{base}.gguf_codes/flat_shape",
+                                             np.array([v, k * form.bits // 8], np.int64))
+            del node.input[2:]
+            node.input.append(f"{base}.gguf_scales")
+            for a in node.attribute:
+                if a.name == "bits":
+                    a.i = form.bits
+                elif a.name == "block_size":
+                    a.i = form.group
+
+    def drop_unused_initializers(self) -> None:
+        graph = self.model.graph
+        used = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
+        keep = [t for t in graph.initializer if t.name in used]
+        del graph.initializer[:]
+        graph.initializer.extend(keep)
+
+
+def patch_model(model_dir: Path, weights: GGUFWeights, hf_dir: Path) -> list[dict[str, Any]]:
+    """Swap the builder's re-quantized weights in ``model_dir`` for the GGUF blocks, in place."""
+    import onnx
+
+    cfg = json.loads((model_dir / "genai_config.json").read_text())["model"]["decoder"]
+    path = model_dir / cfg.get("filename", "model.onnx")
+    model = onnx.load(str(path))
+    report = GraphPatch(model, weights, HFWeights(hf_dir)).run()
+    data = path.with_name(path.name + ".data")
+    for old in (path, data):
+        old.unlink(missing_ok=True)
+    onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=data.name, size_threshold=1024)
+    return report
+
+
+def with_accuracy_level(model_dir: Path, level: int, name: str = "model.gguf-check.onnx") -> Path:
+    """A copy of the graph (sharing the weights file) whose MatMulNBits compute at ``level``."""
+    import onnx
+
+    cfg = json.loads((model_dir / "genai_config.json").read_text())["model"]["decoder"]
+    model = onnx.load(str(model_dir / cfg.get("filename", "model.onnx")), load_external_data=False)
+    for node in model.graph.node:
+        for a in node.attribute:
+            if node.op_type == "MatMulNBits" and a.name == "accuracy_level":
+                a.i = level
+    out = model_dir / name
+    onnx.save_model(model, str(out))
+    return out
+
+
+def logits(onnx_path: Path, ids: np.ndarray, kv_heads: int, head_size: int) -> np.ndarray:
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    sess = ort.InferenceSession(str(onnx_path), so, providers=["CPUExecutionProvider"])
+    feeds: dict[str, Any] = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+    for i in sess.get_inputs():
+        if i.name.startswith("past_key_values"):
+            dtype = np.float16 if "float16" in i.type else np.float32
+            feeds[i.name] = np.zeros((1, kv_heads, 0, head_size), dtype=dtype)
+    return np.asarray(sess.run(["logits"], feeds)[0], dtype=np.float64)
+
+
+def logit_check(model_dir: Path, ref_dir: Path, n_tokens: int = 16, seed: int = 0) -> dict[str, float]:
+    """Relative max logit difference vs the fp32 reference: fp32 compute, and as shipped."""
+    cfg = json.loads((model_dir / "genai_config.json").read_text())["model"]
+    dec = cfg["decoder"]
+    ids = np.random.default_rng(seed).integers(0, cfg["vocab_size"], (1, n_tokens), dtype=np.int64)
+    ref_path = ref_dir / json.loads((ref_dir / "genai_config.json").read_text())["model"]["decoder"]["filename"]
+    want = logits(ref_path, ids, dec["num_key_value_heads"], dec["head_size"])
+    scale = max(float(np.abs(want).max()), 1e-30)
+    check = with_accuracy_level(model_dir, 0)
+    try:
+        exact = logits(check, ids, dec["num_key_value_heads"], dec["head_size"])
+    finally:
+        check.unlink(missing_ok=True)
+    shipped = logits(model_dir / dec["filename"], ids, dec["num_key_value_heads"], dec["head_size"])
+    return {"fp32_compute": float(np.abs(exact - want).max() / scale),
+            "shipped": float(np.abs(shipped - want).max() / scale),
+            "argmax_agreement": float((shipped.argmax(-1) == want.argmax(-1)).mean())}
+
+
+def import_gguf_exact(gguf_path: Path, out_dir: Path, work_dir: Path, *, hf_dir: Path | None = None,
+                      progress: Progress | None = None) -> dict[str, Any]:
+    """Build ``out_dir`` from the GGUF blocks; returns the exactness report.
+
+    Leaves the dequantized HF weights in ``work_dir/hf`` and the fp32 reference build in
+    ``work_dir/fp32`` (the caller measures reference perplexity there, then deletes it).
+    Raises UnsupportedBlockType before any work if the file has no exact form, and
+    ModelError if the result is not exact.
+    """
+    say = progress or (lambda _m: None)
+    weights = preflight(Path(gguf_path))
+    hf = hf_dir or convert.gguf_to_hf(Path(gguf_path), work_dir / "hf", progress)
+    convert.build_onnx(hf, out_dir, precision="int4", progress=progress)
+    say("replacing re-quantized weights with the GGUF blocks")
+    nodes = patch_model(out_dir, weights, hf)
+    ref = convert.build_onnx(hf, work_dir / "fp32", precision="fp32", progress=progress)
+    check = logit_check(out_dir, ref)
+    if check["fp32_compute"] > LOGIT_TOL:
+        shutil.rmtree(out_dir, ignore_errors=True)
+        raise ModelError(f"exactness check failed: logits differ from the fp32 reference by "
+                         f"{check['fp32_compute']:.3g} (relative; tolerance {LOGIT_TOL:g})")
+    types: dict[str, int] = {}
+    for n in nodes:
+        for t in n["gguf"]:
+            types[t] = types.get(t, 0) + 1
+    say(f"exact: max weight error {max(n['weight_error'] for n in nodes):.2g}, "
+        f"logits {check['fp32_compute']:.2g} (fp32 compute), {check['shipped']:.2g} as shipped")
+    return {"method": "gguf-exact", "gguf_types": types, "nodes": len(nodes),
+            "folded_minimums": sum(n["offsets"] for n in nodes),
+            "max_weight_error": max(n["weight_error"] for n in nodes),
+            "logit_error": check, "reference_dir": str(ref)}

@@ -1,0 +1,170 @@
+"""GGUF quantized blocks, decoded into the integer form MatMulNBits runs.
+
+Every supported GGML block type is written exactly as
+
+    w = scale * (code - 2**(bits-1)) + offset        (offset optional)
+
+with unsigned ``bits``-bit codes (4 or 8), one float32 scale per ``group`` weights along a
+row, and, for types with a per-block minimum (Q4_1, Q5_1, Q4_K, Q5_K), one float32 offset per
+group. The zero point is always the MatMulNBits default (8 or 128), so graphs need no
+zero-point input; minimums become the offset, which the graph adds as a separate term.
+
+Scales are products of an fp16 and a small integer (exact in float32); offsets are a sum
+of two such products, rounded once to float32. Byte lengths are checked before any view.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ortserve.errors import ModelError
+
+# GGML type name -> (weights per block, bytes per block)
+BLOCK_SIZES: dict[str, tuple[int, int]] = {
+    "Q4_0": (32, 18), "Q4_1": (32, 20), "Q5_0": (32, 22), "Q5_1": (32, 24), "Q8_0": (32, 34),
+    "Q4_K": (256, 144), "Q5_K": (256, 176), "Q6_K": (256, 210),
+}
+SUPPORTED = tuple(BLOCK_SIZES)
+
+
+class UnsupportedBlockType(ModelError):
+    """A GGML type with no exact MatMulNBits form (the caller falls back to requantizing)."""
+
+
+@dataclass
+class ExactForm:
+    """Rows of a weight matrix [N, K] as MatMulNBits codes: w = scale*(code - zp) + offset."""
+
+    codes: np.ndarray            # uint8 [N, K], values < 2**bits
+    scales: np.ndarray           # float32 [N, K // group]
+    offsets: np.ndarray | None   # float32 [N, K // group] or None
+    bits: int                    # 4 or 8
+    group: int                   # 16 or 32
+
+    @property
+    def zero_point(self) -> int:
+        return 1 << (self.bits - 1)
+
+    def dequantize(self) -> np.ndarray:
+        """float64 [N, K] (for checks; the graph never holds this)."""
+        n, k = self.codes.shape
+        c = self.codes.reshape(n, k // self.group, self.group).astype(np.float64) - self.zero_point
+        w = c * self.scales[:, :, None].astype(np.float64)
+        if self.offsets is not None:
+            w += self.offsets[:, :, None]
+        return w.reshape(n, k)
+
+    def take_rows(self, rows: np.ndarray) -> "ExactForm":
+        off = None if self.offsets is None else self.offsets[rows]
+        return ExactForm(self.codes[rows], self.scales[rows], off, self.bits, self.group)
+
+    def widened(self, bits: int, group: int) -> "ExactForm":
+        """The same weights with more bits per code and/or smaller groups (both exact)."""
+        if bits < self.bits or group > self.group or self.group % group:
+            raise ValueError(f"cannot narrow {self.bits}-bit/{self.group} to {bits}-bit/{group}")
+        codes = self.codes
+        if bits != self.bits:
+            codes = (codes.astype(np.int16) - self.zero_point + (1 << (bits - 1))).astype(np.uint8)
+        rep = self.group // group
+        scales = np.repeat(self.scales, rep, axis=1)
+        off = None if self.offsets is None else np.repeat(self.offsets, rep, axis=1)
+        return ExactForm(codes, scales, off, bits, group)
+
+
+def concat_rows(forms: list[ExactForm]) -> ExactForm:
+    """Stack row blocks (fused q/k/v or gate/up) in a common bit width and group size."""
+    bits = max(f.bits for f in forms)
+    group = min(f.group for f in forms)
+    wide = [f.widened(bits, group) for f in forms]
+    offsets = None
+    if any(f.offsets is not None for f in wide):
+        offsets = np.concatenate([f.offsets if f.offsets is not None else np.zeros_like(f.scales)
+                                  for f in wide])
+    return ExactForm(np.concatenate([f.codes for f in wide]), np.concatenate([f.scales for f in wide]),
+                     offsets, bits, group)
+
+
+def _f16(b: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(b).view(np.float16).astype(np.float32)[..., 0]
+
+
+def _nibbles(qs: np.ndarray) -> np.ndarray:
+    """[..., 16] bytes -> [..., 32] codes: low nibbles are weights 0-15, high ones 16-31."""
+    return np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
+
+
+def _high_bits(qh: np.ndarray) -> np.ndarray:
+    """[n, 4] bytes (a little-endian uint32) -> [n, 32] bits."""
+    bits = np.ascontiguousarray(qh).view("<u4")[:, 0:1] >> np.arange(32, dtype=np.uint32)
+    return (bits & 1).astype(np.uint8)
+
+
+def _k_scale_min(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The 12-byte Q4_K/Q5_K field -> eight 6-bit scales and eight 6-bit minimums."""
+    d, m, md = scales[:, 0:4], scales[:, 4:8], scales[:, 8:12]
+    sc = np.concatenate([d & 0x3F, (md & 0x0F) | ((d >> 2) & 0x30)], axis=-1)
+    mn = np.concatenate([m & 0x3F, (md >> 4) | ((m >> 2) & 0x30)], axis=-1)
+    return sc.astype(np.float32), mn.astype(np.float32)
+
+
+def _decode_blocks(qtype: str, b: np.ndarray) -> tuple[np.ndarray, ...]:
+    """blocks [n, bytes] -> (codes [n, W], scales [n, G], offsets [n, G] | None, bits)."""
+    if qtype == "Q4_0":
+        return _nibbles(b[:, 2:]), _f16(b[:, 0:2])[:, None], None, 4
+    if qtype == "Q4_1":
+        d, m = _f16(b[:, 0:2]), _f16(b[:, 2:4])
+        return _nibbles(b[:, 4:]), d[:, None], (m + 8.0 * d)[:, None], 4
+    if qtype in ("Q5_0", "Q5_1"):
+        body = 2 if qtype == "Q5_0" else 4
+        q = _nibbles(b[:, body + 4:]) | (_high_bits(b[:, body:body + 4]) << 4)
+        d = _f16(b[:, 0:2])[:, None]
+        if qtype == "Q5_0":                       # d*(q-16): codes q-16+128
+            return q + 112, d, None, 8
+        return q + 128, d, _f16(b[:, 2:4])[:, None], 8
+    if qtype == "Q8_0":                           # int8 q: codes q+128
+        return b[:, 2:] ^ 0x80, _f16(b[:, 0:2])[:, None], None, 8
+    if qtype in ("Q4_K", "Q5_K"):
+        d, dmin = _f16(b[:, 0:2])[:, None], _f16(b[:, 2:4])[:, None]
+        sc, mn = _k_scale_min(b[:, 4:16])
+        scale, minimum = d * sc, (dmin.astype(np.float64) * mn)
+        if qtype == "Q4_K":
+            qs = b[:, 16:].reshape(-1, 4, 1, 32) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)
+            q = (qs & 0x0F).reshape(-1, 256)
+            return q, scale, (8.0 * scale - minimum).astype(np.float32), 4
+        qh = b[:, 16:48].reshape(-1, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)
+        ql = b[:, 48:].reshape(-1, 4, 1, 32) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)
+        q = ((ql & 0x0F).reshape(-1, 8, 32) | ((qh & 1) << 4)).reshape(-1, 256)
+        return q + 128, scale, (-minimum).astype(np.float32), 8
+    if qtype == "Q6_K":                           # d*sc*(q-32), 16 weights per scale
+        ql = b[:, 0:128].reshape(-1, 2, 1, 64) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)
+        ql = (ql & 0x0F).reshape(-1, 8, 32)
+        qh = b[:, 128:192].reshape(-1, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)
+        qh = (qh & 0x03).reshape(-1, 8, 32)
+        q = (ql | (qh << 4)).reshape(-1, 256)
+        sc = b[:, 192:208].view(np.int8).astype(np.float32)
+        return q + 96, _f16(b[:, 208:210])[:, None] * sc, None, 8
+    raise UnsupportedBlockType(f"GGML type {qtype} has no exact MatMulNBits form")
+
+
+def decode(qtype: str, raw: np.ndarray, n_rows: int, n_cols: int) -> ExactForm:
+    """GGUF tensor bytes (rows of blocks) -> ExactForm [n_rows, n_cols]."""
+    if qtype not in BLOCK_SIZES:
+        raise UnsupportedBlockType(f"GGML type {qtype} has no exact MatMulNBits form "
+                                   f"(supported: {', '.join(SUPPORTED)})")
+    per_block, nbytes = BLOCK_SIZES[qtype]
+    if n_cols % per_block:
+        raise ModelError(f"{qtype} row of {n_cols} weights is not a whole number of {per_block}-blocks")
+    n_blocks = n_rows * (n_cols // per_block)
+    flat = np.asarray(raw, dtype=np.uint8).reshape(-1)
+    if flat.size != n_blocks * nbytes:
+        raise ModelError(f"{qtype} tensor [{n_rows}, {n_cols}] needs {n_blocks * nbytes} bytes, "
+                         f"file has {flat.size}")
+    codes, scales, offsets, bits = _decode_blocks(qtype, flat.reshape(n_blocks, nbytes))
+    group = per_block // scales.shape[1]
+    codes = codes.astype(np.uint8).reshape(n_rows, n_cols)
+    scales = scales.astype(np.float32).reshape(n_rows, n_cols // group)
+    if offsets is not None:
+        offsets = offsets.astype(np.float32).reshape(n_rows, n_cols // group)
+    return ExactForm(codes, scales, offsets, bits, group)
