@@ -13,9 +13,10 @@ import pytest
 
 from ortserve.config import load_settings
 from ortserve.errors import Overloaded
-from ortserve.telemetry import FileTelemetry, Telemetry, TelemetryConfig
+from ortserve.telemetry import Telemetry, TelemetryConfig
 from ortserve.telemetry import names as n
-from ortserve.telemetry.otlp_json import attrs_of
+from ortserve.telemetry.decode import attrs_of
+from ortserve.telemetry.otel import FileTelemetry
 from ortserve.types import EngineStats
 
 

@@ -20,8 +20,9 @@ from click.testing import CliRunner
 
 from ortserve.cli.telemetry import telemetry_group
 from ortserve.errors import InvalidRequest, OfflineError
-from ortserve.telemetry import FileTelemetry, TelemetryConfig
+from ortserve.telemetry import TelemetryConfig
 from ortserve.telemetry.files import list_files, read_complete_lines
+from ortserve.telemetry.otel import FileTelemetry
 from ortserve.telemetry.ship import STATE_FILE, ShipError, base_url, ship
 
 

@@ -12,7 +12,8 @@ from click.testing import CliRunner
 
 from ortserve.cli.telemetry import telemetry_group
 from ortserve.errors import InvalidRequest
-from ortserve.telemetry import FileTelemetry, TelemetryConfig
+from ortserve.telemetry import TelemetryConfig
+from ortserve.telemetry.otel import FileTelemetry
 from ortserve.telemetry.summary import iter_requests, parse_since, percentile, summarize
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"

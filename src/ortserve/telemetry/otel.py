@@ -1,33 +1,18 @@
-"""The telemetry facade the server calls: spans per request, engine gauges, correlated logs.
-
-    tel = Telemetry.from_settings(settings)        # a no-op object when settings.telemetry is off
-    tel.install_logging()                          # root logger -> OTel logs with trace ids
-    tel.observe_engine(engine.stats, model=engine.model_id)
-    with tel.request_span("/v1/chat/completions", model=m, provider="local",
-                          execution_provider="cpu") as span:
-        ...
-        span.finish(input_tokens=12, output_tokens=30, ttft=0.05, tpot=0.01,
-                    finish_reason="stop", status=200)
-    tel.shutdown()                                 # flushes everything
+"""The OpenTelemetry SDK side of telemetry: providers, processors and file exporters.
 
 All exporting happens on SDK background threads (BatchSpanProcessor, BatchLogRecordProcessor,
-PeriodicExportingMetricReader) writing OTLP/JSON lines to rotating files (files.py).
+PeriodicExportingMetricReader) writing OTLP/JSON lines to rotating files (files.py), so the
+request path only appends to in-memory queues.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
 import logging
 import os
 import socket
 import threading
-import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -45,57 +30,14 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from ortserve import __version__
 from ortserve.telemetry import names as n
+from ortserve.telemetry.base import RequestSpan, StatsFn, Telemetry, TelemetryConfig
 from ortserve.telemetry.exporters import FileLogExporter, FileMetricExporter, FileSpanExporter
-from ortserve.telemetry.files import Health, Limits, RotatingWriter
+from ortserve.telemetry.files import Health, RotatingWriter
 from ortserve.telemetry.logs import TraceContextFilter, TraceLogHandler
 
 log = logging.getLogger("ortserve.telemetry")
-StatsFn = Callable[[], Any]  # returns ortserve.types.EngineStats (or anything with its fields)
 
-
-@dataclass(frozen=True)
-class TelemetryConfig:
-    directory: Path
-    content: bool = False
-    limits: Limits = field(default_factory=Limits)
-    metric_interval_s: float = 30.0
-    span_delay_s: float = 2.0
-    max_queue: int = 8192
-    service_name: str = "ortserve"
-
-
-class Telemetry:
-    """Telemetry switched off: every method is a cheap no-op. `from_settings` returns the
-    real thing (`FileTelemetry`) when `settings.telemetry` is true."""
-
-    enabled = False
-    content = False
-
-    @staticmethod
-    def from_settings(settings: Any, **overrides: Any) -> Telemetry:
-        """`overrides` are TelemetryConfig fields (limits, metric_interval_s, ...)."""
-        if not getattr(settings, "telemetry", False):
-            return Telemetry()
-        config = TelemetryConfig(directory=settings.telemetry_path,
-                                 content=bool(settings.telemetry_content), **overrides)
-        return FileTelemetry(config)
-
-    def request_span(self, route: str, *, model: str | None = None, provider: str | None = None,
-                     execution_provider: str | None = None, request_id: str | None = None,
-                     **attributes: Any) -> RequestSpan:
-        return RequestSpan(None, route, {})
-
-    def observe_engine(self, stats: StatsFn, *, model: str | None = None) -> None:
-        return None
-
-    def install_logging(self, logger: logging.Logger | None = None, level: int = logging.NOTSET) -> None:
-        return None
-
-    def force_flush(self, timeout_s: float = 10.0) -> None:
-        return None
-
-    def shutdown(self) -> None:
-        return None
+__all__ = ["FileTelemetry", "RequestSpan", "Telemetry", "TelemetryConfig"]
 
 
 class FileTelemetry(Telemetry):
@@ -245,109 +187,21 @@ class FileTelemetry(Telemetry):
         self.logger_provider.shutdown()
         self.meter_provider.shutdown()
 
+    # -- RequestSpan hooks
 
-class RequestSpan:
-    """One request's span. Use as a context manager; call `finish()` with the outcome.
-    Leaving the block with an exception records it (status from the error's `.status`,
-    499 / finish_reason "abort" for a cancelled or disconnected request)."""
+    def _begin(self, span: RequestSpan) -> None:
+        attrs = {k: v for k, v in span.attrs.items() if v is not None}
+        span.otel_span = self.tracer.start_span(span.route, kind=SpanKind.SERVER, attributes=attrs)
+        span.context_token = otel_context.attach(trace.set_span_in_context(span.otel_span))
 
-    def __init__(self, owner: FileTelemetry | None, route: str, attrs: dict[str, Any]) -> None:
-        self.owner = owner
-        self.route = route
-        self.attrs = attrs
-        self.status = 200
-        self.finish_reason: str | None = None
-        self.input_tokens = 0
-        self.output_tokens = 0
-        self.ttft: float | None = None
-        self.tpot: float | None = None
-        self.finished = False
-        self._span: trace.Span | None = None
-        self._token: object | None = None
-        self._t0 = 0.0
+    def _mark_error(self, span: RequestSpan, message: str | None) -> None:
+        span.otel_span.set_status(Status(StatusCode.ERROR, message))
 
-    @property
-    def trace_id(self) -> str:
-        """Hex trace id ("" when telemetry is off), e.g. for a response header."""
-        if self._span is None:
-            return ""
-        return f"{self._span.get_span_context().trace_id:032x}"
-
-    def __enter__(self) -> RequestSpan:  # noqa: PYI034
-        if self.owner is not None:
-            attrs = {k: v for k, v in self.attrs.items() if v is not None}
-            self._span = self.owner.tracer.start_span(self.route, kind=SpanKind.SERVER, attributes=attrs)
-            self._token = otel_context.attach(trace.set_span_in_context(self._span))
-            self._t0 = time.perf_counter()
-        return self
-
-    def set(self, **attributes: Any) -> None:
-        """Late attributes, by keyword (model, provider, execution_provider) or full name."""
-        alias = {"model": n.MODEL, "provider": n.PROVIDER, "execution_provider": n.EXECUTION_PROVIDER,
-                 "request_id": n.REQUEST_ID}
-        for key, value in attributes.items():
-            if value is None:
-                continue
-            self.attrs[alias.get(key, key)] = value
-            if self._span is not None:
-                self._span.set_attribute(alias.get(key, key), value)
-
-    def record_content(self, prompt: Any = None, completion: str | None = None) -> None:
-        """Prompt (text or chat messages) and completion: kept only with telemetry_content."""
-        if self._span is None or self.owner is None or not self.owner.content:
-            return
-        if prompt is not None:
-            self._span.set_attribute(n.PROMPT, prompt if isinstance(prompt, str)
-                                     else json.dumps(prompt, ensure_ascii=False))
-        if completion is not None:
-            self._span.set_attribute(n.COMPLETION, completion)
-
-    def finish(self, *, input_tokens: int = 0, output_tokens: int = 0, ttft: float | None = None,
-               tpot: float | None = None, finish_reason: str | None = None, status: int = 200,
-               error: BaseException | str | None = None) -> None:
-        """The outcome. Times in seconds; status is the HTTP status code returned."""
-        self.finished = True
-        self.input_tokens, self.output_tokens = int(input_tokens), int(output_tokens)
-        self.ttft, self.tpot, self.finish_reason, self.status = ttft, tpot, finish_reason, int(status)
-        span = self._span
-        if span is None:
-            return
-        span.set_attribute(n.INPUT_TOKENS, self.input_tokens)
-        span.set_attribute(n.OUTPUT_TOKENS, self.output_tokens)
-        if ttft is not None:
-            span.set_attribute(n.TTFT, float(ttft))
-        if tpot is not None:
-            span.set_attribute(n.TPOT, float(tpot))
-        if finish_reason:
-            span.set_attribute(n.FINISH_REASONS, [finish_reason])
-        span.set_attribute(n.STATUS_CODE, self.status)
-        failed = self.status >= 400 or finish_reason == "error" or error is not None
-        span.set_attribute(n.STATUS, "error" if failed else "ok")
-        if error is not None:
-            span.set_attribute(n.ERROR_TYPE, type(error).__name__ if isinstance(error, BaseException)
-                               else str(error))
-        if self.status >= 500 or finish_reason == "error":
-            span.set_status(Status(StatusCode.ERROR, str(error) if error else None))
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        if exc is not None and not self.finished:
-            if isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
-                self.finish(input_tokens=self.input_tokens, output_tokens=self.output_tokens,
-                            ttft=self.ttft, tpot=self.tpot, finish_reason="abort", status=499)
-            else:
-                self.finish(input_tokens=self.input_tokens, output_tokens=self.output_tokens,
-                            ttft=self.ttft, tpot=self.tpot, finish_reason="error",
-                            status=int(getattr(exc, "status", 500)), error=exc)
-        if self._span is None or self.owner is None:
-            return
-        if exc is not None and not isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
-            self._span.record_exception(exc)
-        if not self.finished:
-            self._span.set_attribute(n.STATUS_CODE, self.status)
-            self._span.set_attribute(n.STATUS, "ok")
-        duration = time.perf_counter() - self._t0
-        self._span.end()
-        if self._token is not None:
-            otel_context.detach(self._token)  # type: ignore[arg-type]
-        self.owner._record(self, duration)
+    def _end(self, span: RequestSpan, exc: BaseException | None, duration: float) -> None:
+        if exc is not None:
+            span.otel_span.record_exception(exc)
+        span.otel_span.end()
+        if span.context_token is not None:
+            otel_context.detach(span.context_token)
+            span.context_token = None
+        self._record(span, duration)

@@ -230,28 +230,3 @@ def encode_logs(records: Iterable[Any]) -> Json:
          "scopeLogs": [{"scope": scope(sc), "logRecords": items} for sc, items in by_scope.items()]}
         for res, by_scope in grouped.items()
     ]}
-
-
-# ---------------------------------------------------------------- decoding helpers
-
-def value_of(v: Json) -> Any:
-    """The Python value of an OTLP/JSON AnyValue (inverse of any_value)."""
-    if "stringValue" in v:
-        return v["stringValue"]
-    if "intValue" in v:
-        return int(v["intValue"])
-    if "doubleValue" in v:
-        return float(v["doubleValue"])
-    if "boolValue" in v:
-        return bool(v["boolValue"])
-    if "arrayValue" in v:
-        return [value_of(x) for x in v["arrayValue"].get("values", [])]
-    if "kvlistValue" in v:
-        return attrs_of(v["kvlistValue"].get("values", []))
-    if "bytesValue" in v:
-        return base64.b64decode(v["bytesValue"])
-    return None
-
-
-def attrs_of(kvs: list[Json]) -> dict[str, Any]:
-    return {kv["key"]: value_of(kv.get("value", {})) for kv in kvs}

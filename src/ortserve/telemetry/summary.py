@@ -13,8 +13,8 @@ from typing import Any
 
 from ortserve.errors import InvalidRequest
 from ortserve.telemetry import names as n
+from ortserve.telemetry.decode import attrs_of
 from ortserve.telemetry.files import list_files, read_complete_lines
-from ortserve.telemetry.otlp_json import attrs_of
 
 SPAN_KIND_SERVER = 2
 
