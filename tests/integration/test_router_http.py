@@ -13,7 +13,7 @@ import httpx
 import pytest
 from router_fakes import FakeCloud, FakeEngine, free_port
 
-from ortserve.config import Settings
+from ortserve.config import load_settings
 from ortserve.errors import Overloaded, ProviderError, Unavailable
 from ortserve.providers.base import ChatRequest, Delta, Hints
 from ortserve.router.config import parse_config
@@ -314,7 +314,9 @@ def test_no_config_means_no_network(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 
     monkeypatch.setattr(httpx.AsyncClient, "__init__", refuse)
     monkeypatch.setattr(httpx.AsyncClient, "send", refuse)
-    settings = Settings(home=tmp_path, router_config=None)
+    monkeypatch.delenv("ORTSERVE_ROUTER_CONFIG", raising=False)
+    settings = load_settings(home=tmp_path)
+    assert settings.router_config is None and settings.ledger_path.parent == tmp_path
     router = Router.from_settings(settings, local=FakeEngine(), env=ENV)
     assert list(router.providers) == ["local"]
     hard = req("Design a distributed system and analyze the trade-offs", complexity="high")

@@ -332,16 +332,12 @@ def _exhausted(failed: list[str]) -> Unavailable:
 def _settings_loader(settings: Settings) -> Callable[[], Any]:
     """Load and start the engine for settings.model on first local request."""
     async def load() -> EngineLike:
-        from pathlib import Path
-
         from ortserve.engine import AsyncEngine
-        from ortserve.models.store import ModelStore
+        from ortserve.models.locate import resolve_model_dir
 
-        ref = settings.model or "default"
-        path = Path(ref).expanduser()
-        model_dir = path if path.is_dir() else ModelStore(settings.store_dir).get(ref).model_dir
-        engine = AsyncEngine.load(model_dir, settings)
+        model_dir, model_id = await asyncio.to_thread(resolve_model_dir, settings.model, settings)
+        engine = await asyncio.to_thread(AsyncEngine.load, model_dir, settings, model_id)
         await engine.start()
-        return engine  # type: ignore[no-any-return]
+        return engine
 
     return load
