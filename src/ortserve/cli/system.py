@@ -77,8 +77,8 @@ def _auto_variant(store: Any, settings: Any) -> dict[str, Any]:
 
     ref = settings.model or DEFAULT_MODEL
     try:
-        variant, why = select.resolve(store, ref, settings.device)
-        return {"model": ref, "variant": variant.id, "why": why}
+        res = select.resolve(store, ref, settings.device)
+        return {"model": ref, "variant": res.model_id, "why": res.reason}
     except Exception as exc:  # noqa: BLE001 - not installed yet is a normal answer here
         return {"model": ref, "variant": None, "why": str(getattr(exc, "message", exc))}
 

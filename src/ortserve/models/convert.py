@@ -78,6 +78,7 @@ def make_tiny_llama(out_dir: Path, tokenizer_dir: Path, *, layers: int = 2, hidd
     cfg = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=hidden * 2,
                       num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
                       max_position_embeddings=max_positions, tie_word_embeddings=True,
+                      initializer_range=0.2,  # wide enough that greedy output varies
                       bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
                       pad_token_id=tok.pad_token_id)
     model = LlamaForCausalLM(cfg).eval()

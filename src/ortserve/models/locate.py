@@ -19,7 +19,7 @@ def resolve_model_dir(ref: str | None, settings: Any,
     ref = ref or DEFAULT_MODEL
     if looks_like_path(ref):
         path = Path(ref).expanduser()
-        return path, path.name
+        return path, path.name  # loading it reports what is missing
     store = ModelStore(settings.store_dir)
     entry = CATALOG.get(ref) or next((e for e in CATALOG.values() if ref in e.aliases), None)
     if entry is not None and entry.id == DEFAULT_MODEL and not store.find(DEFAULT_MODEL):
@@ -29,5 +29,5 @@ def resolve_model_dir(ref: str | None, settings: Any,
         ref = DEFAULT_MODEL
     from ortserve.models import select
 
-    variant, _why = select.resolve(store, ref, getattr(settings, "device", "auto"))
-    return variant.path, variant.model
+    res = select.resolve(store, ref, getattr(settings, "device", "auto"))
+    return res.path, res.variant.model if res.variant is not None else res.model_id
