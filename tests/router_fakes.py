@@ -212,3 +212,52 @@ class FakeEngine:
 
     async def abort(self, request_id: str) -> None:
         self.aborted.append(request_id)
+
+
+DEMO_CONFIG: dict[str, Any] = {
+    "defaultProvider": "anthropic",
+    "fallbackChain": ["anthropic", "local"],
+    "providers": {"anthropic": {"models": {"default": "claude-sonnet-4-5"}, "maxRetries": 0,
+                                "apiKey": "sk-ant-demo-not-a-real-key"}},
+    "routing": {"rules": [
+        {"condition": {"privacy": "high"}, "action": {"provider": "local"}, "reason": "private stays local"},
+        {"condition": {"complexity": "low"}, "action": {"provider": "local"}, "reason": "simple work is free"},
+    ]},
+}
+
+
+async def demo(home: str) -> None:
+    """Route a small mixed workload through a fake Anthropic server and a fake engine, writing
+    HOME/costs.sqlite, so `ORTSERVE_HOME=HOME ortserve costs` has something to report."""
+    from pathlib import Path
+
+    from ortserve.providers.base import ChatRequest, Hints
+    from ortserve.router.config import parse_config
+    from ortserve.router.costs import Ledger
+    from ortserve.router.router import Router
+
+    cloud = FakeCloud("anthropic", reply=" ".join(["word"] * 300)).start()
+    config = json.loads(json.dumps(DEMO_CONFIG))
+    config["providers"]["anthropic"]["baseUrl"] = cloud.url
+    engine = FakeEngine(reply=" ".join(["local"] * 200))
+    router = Router.from_config(parse_config(config), local=engine, ledger=Ledger(Path(home) / "costs.sqlite"))
+    long = "Design a distributed rate limiter and analyze the trade-offs. " + "context " * 1500
+    work = [("What is the capital of France?", Hints())] * 6 + [("Summarise my medical notes " + "note " * 800,
+                                                                  Hints(privacy="high"))] * 2
+    work += [(long, Hints())] * 3
+    try:
+        for text, hints in work:
+            r = await router.chat(ChatRequest(messages=[{"role": "user", "content": text}], hints=hints))
+            print(f"{r.provider:<10} {r.model:<18} {r.cost_usd:.6f} USD  {r.reason}")
+        cloud.script.append("503")
+        r = await router.chat(ChatRequest(messages=[{"role": "user", "content": long}]))
+        print(f"{r.provider:<10} {r.model:<18} {r.cost_usd:.6f} USD  {r.reason}")
+    finally:
+        await router.aclose()
+        cloud.stop()
+
+
+if __name__ == "__main__":
+    import sys
+
+    asyncio.run(demo(sys.argv[1] if len(sys.argv) > 1 else "/tmp/ortserve-route-demo"))

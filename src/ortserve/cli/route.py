@@ -57,7 +57,7 @@ def explain(prompt: str, privacy: str | None, local_only: bool, complexity: str 
     est = " (estimated)" if d["complexity_estimated"] else ""
     rows = [("provider", d["provider"]), ("model", d["model"]), ("reason", d["reason"]),
             ("chain", " -> ".join(d["chain"])), ("complexity", f"{d['complexity']}{est}"),
-            ("prompt", f"{d['prompt_tokens']} tokens"), ("private", "yes" if d["private"] else "no")]
+            ("prompt", f"~{d['prompt_tokens']} tokens"), ("private", "yes" if d["private"] else "no")]
     rows += [("note", n) for n in d["notes"]]
     for k, v in rows:
         click.echo(f"{k + ':':<12}{v}")
@@ -107,7 +107,8 @@ def render_report(r: CostReport) -> str:
         cost = f"{row.cost_usd:.6f}" + (f" (+{row.unpriced} unpriced)" if row.unpriced else "")
         table.append((row.provider, row.model, row.requests, f"{row.prompt_tokens:,}",
                       f"{row.completion_tokens:,}", cost))
-    table.append(("total", "", r.requests, "", "", f"{r.cost_usd:.6f}"))
+    table.append(("total", "", r.requests, f"{sum(x.prompt_tokens for x in r.rows):,}",
+                  f"{sum(x.completion_tokens for x in r.rows):,}", f"{r.cost_usd:.6f}"))
     widths = [max(len(str(t[i])) for t in table) for i in range(6)]
     for t in table:
         cells = [str(v).ljust(w) if i < 2 else str(v).rjust(w) for i, (v, w) in enumerate(zip(t, widths))]

@@ -62,6 +62,11 @@ class Hints:
         lowered = {k.lower(): v for k, v in headers.items()}
         return cls.parse({name: lowered[h] for h, name in HINT_HEADERS.items() if h in lowered})
 
+    @classmethod
+    def from_request(cls, metadata: Mapping[str, Any] | None, headers: Mapping[str, str] | None) -> Hints:
+        """What the server calls: OpenAI `metadata` fields, then X-Ortserve-* headers on top."""
+        return cls.parse(metadata or {}).merged(cls.from_headers(headers or {}))
+
     def merged(self, other: Hints) -> Hints:
         """`other` wins where it says something; privacy only ever tightens."""
         privacy = other.privacy or self.privacy

@@ -29,7 +29,8 @@ log = logging.getLogger("ortserve.providers")
 class EngineLike(Protocol):
     """The part of ortserve.engine.AsyncEngine the local provider uses."""
 
-    model_id: str
+    @property
+    def model_id(self) -> str: ...
 
     def submit(self, *, messages: list[dict[str, str]] | None = None, prompt: str | None = None,
                params: SamplingParams | None = None, request_id: str | None = None) -> Any: ...
@@ -62,7 +63,7 @@ class LocalProvider:
         self.engine = engine
         self.loader = loader
         self._loading: asyncio.Lock | None = None
-        self.options = options or LocalOptions()
+        self.options = options or LocalOptions.model_validate({})
         context = getattr(engine, "context_length", None) if engine is not None else None
         self.capabilities = Capabilities(streaming=True, tools=False, local=True,
                                          max_context=self.options.max_context or context)

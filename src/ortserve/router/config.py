@@ -118,7 +118,7 @@ def parse_config(data: dict[str, Any], source: str | None = None) -> RouterConfi
         if spec is not None:
             specs[name] = spec
     if not any(s.type == "local" for s in specs.values()):
-        specs["local"] = ProviderSpec("local", "local", PROVIDER_TYPES["local"].Options())
+        specs["local"] = ProviderSpec("local", "local", PROVIDER_TYPES["local"].Options.model_validate({}))
     known = set(specs) | set(top.providers) | {"local"}  # a broken entry is reported once, above
 
     def check(name: str, at: str) -> None:

@@ -21,6 +21,7 @@ from ortserve.providers.local import EngineLike, LocalProvider
 from ortserve.router.config import RouterConfig, load_config
 from ortserve.router.costs import Ledger, LedgerEntry, PriceTable
 from ortserve.router.rules import Facts, describe, facts_for, first_match
+from ortserve.types import Usage
 
 log = logging.getLogger("ortserve.router")
 AUTO = ("auto", "router", "")
@@ -67,7 +68,7 @@ class RouteStart:
 @dataclass
 class ChatResult:
     text: str
-    usage: Any  # ortserve.types.Usage
+    usage: Usage
     finish_reason: str
     provider: str
     model: str
@@ -110,7 +111,9 @@ class Router:
         """The router the server and CLI use. No ORTSERVE_ROUTER_CONFIG: local only, no network."""
         config = load_config(settings.router_config) if settings.router_config else RouterConfig.local_only()
         if local is None:
-            local = LocalProvider(loader=_settings_loader(settings), planned_model=settings.model or "default")
+            from ortserve.models.catalog import DEFAULT_MODEL
+
+            local = LocalProvider(loader=_settings_loader(settings), planned_model=settings.model or DEFAULT_MODEL)
         return cls.from_config(config, local=local, env=env, ledger=Ledger(settings.ledger_path))
 
     @classmethod

@@ -42,7 +42,7 @@ class Action(BaseModel):
 class Rule(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    condition: Condition = Field(default_factory=Condition)
+    condition: Condition = Condition.model_validate({})  # pydantic copies defaults
     action: Action
     reason: str | None = None
 
