@@ -158,3 +158,35 @@ def test_router_table_inside_a_bigger_toml(tmp_path: Path) -> None:
     p = tmp_path / "ortserve.toml"
     p.write_text('port = 9000\n[router]\ndefaultProvider = "local"\n')
     assert load_config(p).default_provider == "local"
+
+
+def test_docs_examples_are_valid_configs() -> None:
+    """docs/router.md's TOML and JSON examples load and route as the doc says."""
+    import re
+
+    import tomllib
+    from router_fakes import FakeEngine
+
+    from ortserve.providers.base import ChatRequest, Hints
+    from ortserve.router.router import Router
+    from ortserve.types import Usage
+
+    doc = (Path(__file__).parents[2] / "docs" / "router.md").read_text()
+    toml_block = re.search(r"```toml\n(.*?)```", doc, re.DOTALL).group(1)  # type: ignore[union-attr]
+    json_block = re.search(r"```json\n(.*?)```", doc, re.DOTALL).group(1)  # type: ignore[union-attr]
+    env = {"ANTHROPIC_API_KEY": "k" * 20, "OPENROUTER_API_KEY": "k" * 20}
+    toml_router = Router.from_config(parse_config(tomllib.loads(toml_block)), local=FakeEngine(), env=env)
+    json_router = Router.from_config(parse_config(json.loads(json_block)), local=FakeEngine(), env=env)
+
+    def ask(r: Router, text: str, **hints: object) -> str:
+        msg = [{"role": "user", "content": text}]
+        return r.decide(ChatRequest(messages=msg, hints=Hints(**hints))).provider  # type: ignore[arg-type]
+
+    assert ask(toml_router, "What is the capital of France?") == "local"
+    assert ask(toml_router, "Refactor this parser and analyze its complexity", agent_type="coder") == "anthropic"
+    assert ask(toml_router, "Prove it", complexity="high") == "openrouter"
+    assert ask(toml_router, "Prove it", complexity="high", privacy="high") == "local"
+    assert ask(json_router, "hi", privacy="high", local_only=True) == "onnx"
+    assert ask(json_router, "word " * 300, complexity="medium") == "anthropic"
+    million_in = Usage(1_000_000, 0)
+    assert json_router.prices.cost("openrouter", "anthropic/claude-3.5-sonnet", False, million_in) == 3.0
