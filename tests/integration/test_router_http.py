@@ -160,9 +160,10 @@ def test_private_requests_never_reach_a_cloud_server(anth: FakeCloud, orouter: F
     # the local engine fails in a way that would normally fall back: still nothing leaves
     broken = make_router(anth, orouter, tmp_path, engine=FakeEngine(fail_with=Overloaded("queue full")),
                          rules=everything_cloud)
-    with pytest.raises(Unavailable, match="queue full"):
+    with pytest.raises(ProviderError, match="queue full") as info:
         run(broken.chat(req("my diagnosis is ...", **hints)))
-    with pytest.raises(Unavailable):
+    assert info.value.status == 429  # the one provider's own error, not a generic 503
+    with pytest.raises(ProviderError, match="queue full"):
         run(collect(broken, req("my diagnosis is ...", **hints)))
     # and pinning a cloud provider is refused, not sent
     with pytest.raises(Exception, match="private"):
@@ -189,6 +190,11 @@ def test_fallback_order_down_the_whole_chain(anth: FakeCloud, orouter: FakeCloud
     res = run(router.chat(req()))
     assert res.provider == "local" and len(res.failed) == 2
     assert [f.split(":")[0] for f in res.failed] == ["anthropic", "openrouter"]
+    anth.script.append("500")
+    orouter.script.append("503")
+    no_local = make_router(anth, orouter, tmp_path, fallbackChain=["anthropic", "openrouter"])
+    with pytest.raises(Unavailable, match="no provider could answer: anthropic: .*500.*; openrouter: .*503"):
+        run(no_local.chat(req()))
 
 
 def test_connection_refused_falls_back(anth: FakeCloud, orouter: FakeCloud, tmp_path: Path) -> None:
@@ -212,7 +218,7 @@ def test_stream_falls_back_before_the_first_byte(anth: FakeCloud, orouter: FakeC
     events, final = run(collect(make_router(anth, orouter, tmp_path), req()))
     assert final.provider == "anthropic" and final.failed == []
     orouter.script.append("sse-error")  # pinned: nothing to fall back to, the error is reported
-    with pytest.raises(Unavailable, match="upstream overloaded"):
+    with pytest.raises(ProviderError, match="upstream overloaded"):
         run(collect(make_router(anth, orouter, tmp_path),
                     ChatRequest(messages=[{"role": "user", "content": "x"}], model="openrouter")))
 
@@ -272,7 +278,7 @@ def test_keys_never_in_logs_or_errors(anth: FakeCloud, orouter: FakeCloud, tmp_p
     res = run(router.chat(req()))
     assert res.provider == "local"
     anth.script.append("401")
-    with pytest.raises(Unavailable) as info:
+    with pytest.raises(ProviderError) as info:
         run(router.chat(ChatRequest(messages=[{"role": "user", "content": "x"}], model="anthropic")))
     texts = [caplog.text, str(info.value), info.value.message, repr(info.value.to_openai()), " ".join(res.failed),
              res.reason, repr(router.providers), repr(router.config), str(router.decide(req()).to_dict())]

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ortserve.config import Settings
-from ortserve.errors import InvalidRequest, NotFound, ProviderError, Unavailable
+from ortserve.errors import InvalidRequest, NotFound, OrtServeError, ProviderError, Unavailable
 from ortserve.providers import PROVIDER_TYPES
 from ortserve.providers.base import ChatRequest, Completion, Delta, Done, Provider
 from ortserve.providers.local import EngineLike, LocalProvider
@@ -195,8 +195,11 @@ class Router:
         else:
             p = self.provider(self.config.default_provider)
             primary, reason = Target(p.name, p.default_model()), "no rule matched: default provider"
-        chain = [primary] + [Target(self.name_of(n), self.provider(n).default_model())
-                             for n in self.config.fallback_chain if self.name_of(n) != primary.provider]
+        chain = [primary]
+        for n in self.config.fallback_chain:
+            p = self.provider(n)
+            if all(t.provider != p.name for t in chain):
+                chain.append(Target(p.name, p.default_model()))
         return self._finish_decision(chain, reason, private, facts)
 
     def _decide_pinned(self, target: Target, private: bool, facts: Facts) -> Decision:
@@ -249,7 +252,7 @@ class Router:
     # -- answering ------------------------------------------------------------------------
     async def chat(self, request: ChatRequest) -> ChatResult:
         decision = self.decide(request)
-        failed: list[str] = []
+        failed: list[ProviderError] = []
         for target in decision.chain:
             try:
                 completion = await self.providers[target.provider].chat(request, target.model)
@@ -264,7 +267,7 @@ class Router:
         """RouteStart, then Deltas, then the ChatResult (cost, usage). Errors after the
         RouteStart are raised to the caller: the answer has begun and is not switched."""
         decision = self.decide(request)
-        failed: list[str] = []
+        failed: list[ProviderError] = []
         for target in decision.chain:
             events = self.providers[target.provider].stream(request, target.model)
             try:
@@ -283,8 +286,11 @@ class Router:
                 while isinstance(ev, Delta):
                     parts.append(ev.text)
                     yield ev
-                    ev = await events.__anext__()
-                assert isinstance(ev, Done)
+                    try:
+                        ev = await events.__anext__()
+                    except StopAsyncIteration:
+                        raise ProviderError(f"{target.provider}: stream ended without a result",
+                                            retryable=False) from None
                 completion = Completion("".join(parts), ev.usage, ev.finish_reason, ev.model)
                 yield await self._result(decision, target, completion, failed, request)
                 return
@@ -292,20 +298,20 @@ class Router:
                 await events.aclose()  # type: ignore[attr-defined]
         raise _exhausted(failed)
 
-    def _failed(self, target: Target, exc: ProviderError, failed: list[str]) -> None:
+    def _failed(self, target: Target, exc: ProviderError, failed: list[ProviderError]) -> None:
         if not exc.retryable:
             raise exc
         if self.config.cooldown_seconds > 0:
             self._cool_until[target.provider] = self._clock() + self.config.cooldown_seconds
-        failed.append(exc.message)
-        log.warning("%s failed (%s); trying the next provider", target.provider, exc.message)
+        failed.append(exc)
+        log.warning("%s failed: %s", target.provider, exc.message)
 
-    def _reason(self, decision: Decision, target: Target, failed: list[str]) -> str:
+    def _reason(self, decision: Decision, target: Target, failed: list[ProviderError]) -> str:
         if target == decision.chain[0]:
             return decision.reason
         return f"{decision.reason}; fell back to {target.provider} after {len(failed)} failure(s)"
 
-    async def _result(self, decision: Decision, target: Target, c: Completion, failed: list[str],
+    async def _result(self, decision: Decision, target: Target, c: Completion, failed: list[ProviderError],
                       request: ChatRequest) -> ChatResult:
         local = self.providers[target.provider].capabilities.local
         cost = self.prices.cost(target.provider, c.model, local, c.usage)
@@ -321,14 +327,17 @@ class Router:
                                 f"{base.provider}:{base.model}" if base else None, reason, request.request_id)
             try:
                 await asyncio.to_thread(self.ledger.record, entry)
-            except sqlite3.Error as exc:
+            except (sqlite3.Error, OSError) as exc:
                 log.warning("cost ledger %s not written: %s", self.ledger.path, exc)
         return ChatResult(c.text, c.usage, c.finish_reason, target.provider, c.model, reason, cost, local,
-                          failed)
+                          [e.message for e in failed])
 
 
-def _exhausted(failed: list[str]) -> Unavailable:
-    return Unavailable("no provider could answer: " + "; ".join(failed),
+def _exhausted(failed: list[ProviderError]) -> OrtServeError:
+    """One provider tried: its own error (a full local queue stays a 429). Several: a 503."""
+    if len(failed) == 1:
+        return failed[0]
+    return Unavailable("no provider could answer: " + "; ".join(e.message for e in failed),
                        hint="see the routing config's fallbackChain")
 
 
