@@ -16,7 +16,7 @@ from typing import Any
 from ortserve.config import Settings
 from ortserve.errors import InvalidRequest, NotFound, OrtServeError, ProviderError, Unavailable
 from ortserve.providers import PROVIDER_TYPES
-from ortserve.providers.base import ChatRequest, Completion, Delta, Done, Provider
+from ortserve.providers.base import ChatRequest, Completion, Delta, Provider
 from ortserve.providers.local import EngineLike, LocalProvider
 from ortserve.router.config import RouterConfig, load_config
 from ortserve.router.costs import Ledger, LedgerEntry, PriceTable
