@@ -223,22 +223,35 @@ def test_stream_falls_back_before_the_first_byte(anth: FakeCloud, orouter: FakeC
                     ChatRequest(messages=[{"role": "user", "content": "x"}], model="openrouter")))
 
 
-def test_no_fallback_on_a_4xx_from_the_request(anth: FakeCloud, orouter: FakeCloud, tmp_path: Path) -> None:
-    router = make_router(anth, orouter, tmp_path)
-    anth.script += ["400", "400"]
+def first_then_other(anth: FakeCloud, orouter: FakeCloud, first: str) -> tuple[FakeCloud, FakeCloud, list[Any]]:
+    """(the fake asked first, the next one, rules sending everything to `first`)."""
+    rules = [{"condition": {}, "action": {"provider": first}, "reason": f"all to {first}"}]
+    return (anth, orouter, rules) if first == "anthropic" else (orouter, anth, rules)
+
+
+@pytest.mark.parametrize("first", ["anthropic", "openrouter"])
+def test_no_fallback_on_a_4xx_from_the_request(anth: FakeCloud, orouter: FakeCloud, tmp_path: Path,
+                                               first: str) -> None:
+    asked, other, rules = first_then_other(anth, orouter, first)
+    router = make_router(anth, orouter, tmp_path, rules=rules)
+    asked.script += ["400", "422"]
     with pytest.raises(ProviderError) as info:
         run(router.chat(req()))
     assert info.value.status == 400 and not info.value.retryable
     assert "rejected the request (400): fake failure 400" in info.value.message
     assert info.value.to_openai()["error"]["type"] == "invalid_request_error"
-    with pytest.raises(ProviderError):
+    with pytest.raises(ProviderError) as info:
         run(collect(router, req()))
-    assert len(anth.requests) == 2 and orouter.requests == []
+    assert info.value.status == 422
+    assert len(asked.requests) == 2 and other.requests == []
 
 
-def test_no_silent_switch_once_streaming_started(anth: FakeCloud, orouter: FakeCloud, tmp_path: Path) -> None:
-    router = make_router(anth, orouter, tmp_path)
-    anth.script.append("break")
+@pytest.mark.parametrize("first", ["anthropic", "openrouter"])
+def test_no_silent_switch_once_streaming_started(anth: FakeCloud, orouter: FakeCloud, tmp_path: Path,
+                                                 first: str) -> None:
+    asked, other, rules = first_then_other(anth, orouter, first)
+    router = make_router(anth, orouter, tmp_path, rules=rules)
+    asked.script.append("break")
     seen: list[Any] = []
 
     async def main() -> None:
@@ -247,9 +260,23 @@ def test_no_silent_switch_once_streaming_started(anth: FakeCloud, orouter: FakeC
 
     with pytest.raises(ProviderError, match="stream broke"):
         run(main())
-    assert isinstance(seen[0], RouteStart) and seen[0].provider == "anthropic"
+    assert isinstance(seen[0], RouteStart) and seen[0].provider == first
     assert [e.text for e in seen[1:]] == ["Hello ", "from "]
-    assert orouter.requests == []
+    assert other.requests == []
+
+
+@pytest.mark.parametrize("first", ["anthropic", "openrouter"])
+@pytest.mark.parametrize("failure", ["timeout", "429", "sse-error"])
+def test_stream_failure_before_first_byte_hands_over(anth: FakeCloud, orouter: FakeCloud, tmp_path: Path,
+                                                     first: str, failure: str) -> None:
+    asked, other, rules = first_then_other(anth, orouter, first)
+    router = make_router(anth, orouter, tmp_path, rules=rules)
+    asked.script.append(failure)
+    events, final = run(collect(router, req()))
+    nxt = "openrouter" if first == "anthropic" else "anthropic"
+    assert events[0].provider == final.provider == nxt and final.text == other.reply
+    assert len(asked.requests) == 1 and len(other.requests) == 1
+    assert final.failed[0].startswith(f"{first}:")
 
 
 def test_retries_stay_on_the_provider_first(anth: FakeCloud, orouter: FakeCloud, tmp_path: Path) -> None:
