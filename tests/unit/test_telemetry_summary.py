@@ -81,8 +81,7 @@ def test_summary_cli_table_and_json(recorded: tuple[Path, list[dict]]) -> None:
     res = runner.invoke(telemetry_group, ["summary", "--telemetry-dir", str(directory)])
     assert res.exit_code == 0, res.output
     chat_line = next(line for line in res.output.splitlines() if line.startswith(CHAT))
-    assert chat_line.split()[1:4] == ["a", "20", "2"]
-    assert "10.0" in chat_line  # error %
+    assert chat_line.split()[1:7] == ["a", "20", "2", "0", "2", "10.0"]
 
     res = runner.invoke(telemetry_group, ["summary", "--json", "--telemetry-dir", str(directory)])
     data = json.loads(res.output)

@@ -30,9 +30,9 @@ _NOOP = Telemetry()
 class TelemetryMiddleware:
     def __init__(self, app: ASGIApp, telemetry: Telemetry,
                  route_of: Callable[[str], str] | None = None,
-                 skip: frozenset[str] = frozenset({"/metrics"})) -> None:
+                 skip: frozenset[str] = frozenset({"/metrics", "/healthz"})) -> None:
         """`route_of` maps a path to a bounded route label (default: the path itself);
-        paths in `skip` (scrapes, probes) get no span."""
+        paths in `skip` (Prometheus scrapes, health probes) get no span."""
         self.app = app
         self.telemetry = telemetry
         self.route_of = route_of or (lambda path: path)

@@ -140,10 +140,10 @@ def _row(route: str, model: str, recs: list[RequestRecord]) -> Row:
 
 
 def format_table(rows: list[Row]) -> str:
-    head = ["route", "model", "requests", "errors", "error%", "ttft p50/p90/p99 ms",
+    head = ["route", "model", "requests", "errors", "4xx", "5xx", "error%", "ttft p50/p90/p99 ms",
             "total p50/p90/p99 ms", "tokens in/out"]
-    body = [[r.route, r.model, str(r.requests), f"{r.errors} ({r.client_errors}x4xx {r.server_errors}x5xx)",
-             f"{100 * r.error_rate:.1f}", _triple(r.ttft_ms), _triple(r.total_ms),
+    body = [[r.route, r.model or "-", str(r.requests), str(r.errors), str(r.client_errors),
+             str(r.server_errors), f"{100 * r.error_rate:.1f}", _triple(r.ttft_ms), _triple(r.total_ms),
              f"{r.input_tokens}/{r.output_tokens}"] for r in rows]
     widths = [max(len(line[i]) for line in [head, *body]) for i in range(len(head))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in [head, *body])
