@@ -1,0 +1,59 @@
+"""A real uvicorn server on a loopback port, in a thread, for HTTP tests."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+
+from ortserve.config import load_settings
+from ortserve.server.app import create_app
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ServerThread:
+    def __init__(self, model_dir: Path, **settings: Any) -> None:
+        self.port = free_port()
+        self.settings = load_settings(host="127.0.0.1", port=self.port, **settings)
+        self.app = create_app(self.settings, model_dir=model_dir, model_id="tiny")
+        self.state = self.app.state.ortserve
+        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port,
+                                                    log_level="warning", timeout_graceful_shutdown=5))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> "ServerThread":
+        self.thread.start()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError("server did not become healthy")
+
+    def __exit__(self, *exc: Any) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+
+    def wait_idle(self, timeout: float = 10.0) -> Any:
+        deadline = time.monotonic() + timeout
+        stats = self.state.engine.stats()
+        while time.monotonic() < deadline:
+            stats = self.state.engine.stats()
+            if stats.running == 0 and stats.waiting == 0:
+                break
+            time.sleep(0.05)
+        return stats
