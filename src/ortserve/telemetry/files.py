@@ -24,6 +24,7 @@ import logging
 import os
 import re
 import secrets
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -246,7 +247,7 @@ def exclusive_lock(path: Path) -> Iterator[None]:
     """An advisory inter-process lock held for the block (fcntl on POSIX, msvcrt on Windows)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a+b") as fh:
-        if os.name == "nt":  # pragma: no cover - Windows only
+        if sys.platform == "win32":  # pragma: no cover - Windows only
             import msvcrt
 
             fh.seek(0)

@@ -15,8 +15,8 @@ from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry._logs import SeverityNumber
-from opentelemetry.sdk._logs import Logger, LoggerProvider
+from opentelemetry._logs import Logger, SeverityNumber
+from opentelemetry.sdk._logs import LoggerProvider
 
 # Our own warnings (disk full...) and the SDK's must not feed back into the pipeline.
 _SKIP = ("ortserve.telemetry", "opentelemetry")
