@@ -88,6 +88,17 @@ def run(coro: Any) -> Any:
     return asyncio.run(coro)
 
 
+def go(router: Router, aw: Any) -> Any:
+    """Await `aw` in a fresh loop, then close the router's HTTP clients on that loop."""
+    async def main() -> Any:
+        try:
+            return await aw
+        finally:
+            await router.aclose()
+
+    return asyncio.run(main())
+
+
 def test_anthropic_messages_chat_and_stream(anth: FakeCloud, orouter: FakeCloud, tmp_path: Path) -> None:
     router = make_router(anth, orouter, tmp_path)
 
@@ -141,7 +152,7 @@ def test_openai_compatible_chat_and_stream(anth: FakeCloud, orouter: FakeCloud, 
 def test_rule_sends_simple_work_local_at_zero_cost(anth: FakeCloud, orouter: FakeCloud, tmp_path: Path) -> None:
     engine = FakeEngine()
     router = make_router(anth, orouter, tmp_path, engine=engine)
-    res = run(router.chat(req("What is 2+2?", complexity=None)))
+    res = go(router, router.chat(req("What is 2+2?", complexity=None)))
     assert (res.provider, res.text, res.cost_usd, res.reason) == ("local", "local answer here", 0.0,
                                                                   "simple stays local")
     assert engine.submitted[0]["params"].max_tokens == 32
@@ -153,21 +164,21 @@ def test_private_requests_never_reach_a_cloud_server(anth: FakeCloud, orouter: F
                                                      hints: dict[str, Any]) -> None:
     everything_cloud = [{"condition": {}, "action": {"provider": "anthropic"}, "reason": "cloud for all"}]
     ok = make_router(anth, orouter, tmp_path, rules=everything_cloud)
-    res = run(ok.chat(req("my diagnosis is ...", **hints)))
+    res = go(ok, ok.chat(req("my diagnosis is ...", **hints)))
     assert res.provider == "local" and "private" in res.reason
-    _, final = run(collect(ok, req("my diagnosis is ...", **hints)))
+    _, final = go(ok, collect(ok, req("my diagnosis is ...", **hints)))
     assert final.provider == "local"
     # the local engine fails in a way that would normally fall back: still nothing leaves
     broken = make_router(anth, orouter, tmp_path, engine=FakeEngine(fail_with=Overloaded("queue full")),
                          rules=everything_cloud)
     with pytest.raises(ProviderError, match="queue full") as info:
-        run(broken.chat(req("my diagnosis is ...", **hints)))
+        go(broken, broken.chat(req("my diagnosis is ...", **hints)))
     assert info.value.status == 429  # the one provider's own error, not a generic 503
     with pytest.raises(ProviderError, match="queue full"):
-        run(collect(broken, req("my diagnosis is ...", **hints)))
+        go(broken, collect(broken, req("my diagnosis is ...", **hints)))
     # and pinning a cloud provider is refused, not sent
     with pytest.raises(Exception, match="private"):
-        run(broken.chat(ChatRequest(messages=[{"role": "user", "content": "x"}], hints=Hints(**hints),
+        go(broken, broken.chat(ChatRequest(messages=[{"role": "user", "content": "x"}], hints=Hints(**hints),
                                     model="anthropic")))
     assert anth.requests == [] and orouter.requests == []
 
@@ -176,7 +187,7 @@ def test_private_requests_never_reach_a_cloud_server(anth: FakeCloud, orouter: F
 def test_fallback_to_next_provider(anth: FakeCloud, orouter: FakeCloud, tmp_path: Path, failure: str) -> None:
     router = make_router(anth, orouter, tmp_path)
     anth.script.append(failure)
-    res = run(router.chat(req()))
+    res = go(router, router.chat(req()))
     assert res.provider == "openrouter" and res.text == "Hello from fake OpenRouter"
     assert len(anth.requests) == 1 and len(orouter.requests) == 1
     assert len(res.failed) == 1 and res.failed[0].startswith("anthropic:")
@@ -187,21 +198,21 @@ def test_fallback_order_down_the_whole_chain(anth: FakeCloud, orouter: FakeCloud
     router = make_router(anth, orouter, tmp_path)
     anth.script.append("500")
     orouter.script.append("429")
-    res = run(router.chat(req()))
+    res = go(router, router.chat(req()))
     assert res.provider == "local" and len(res.failed) == 2
     assert [f.split(":")[0] for f in res.failed] == ["anthropic", "openrouter"]
     anth.script.append("500")
     orouter.script.append("503")
     no_local = make_router(anth, orouter, tmp_path, fallbackChain=["anthropic", "openrouter"])
     with pytest.raises(Unavailable, match="no provider could answer: anthropic: .*500.*; openrouter: .*503"):
-        run(no_local.chat(req()))
+        go(no_local, no_local.chat(req()))
 
 
 def test_connection_refused_falls_back(anth: FakeCloud, orouter: FakeCloud, tmp_path: Path) -> None:
     dead = FakeCloud("anthropic")
     dead.port = free_port()  # nothing listens here
     router = make_router(dead, orouter, tmp_path)
-    res = run(router.chat(req()))
+    res = go(router, router.chat(req()))
     assert res.provider == "openrouter" and "connection failed (ConnectError" in res.failed[0]
 
 
@@ -209,18 +220,16 @@ def test_stream_falls_back_before_the_first_byte(anth: FakeCloud, orouter: FakeC
     router = make_router(anth, orouter, tmp_path)
     anth.script.append("sse-error")  # HTTP 200, then an overloaded_error event before any text
     orouter.script.append("500")
-    events, final = run(collect(router, req()))
+    events, final = go(router, collect(router, req()))
     assert final.provider == "local" and events[0].provider == "local"
     assert "".join(e.text for e in events if isinstance(e, Delta)) == "local answer here"
     anth.reset()
     orouter.reset()
-    orouter.script.append("sse-error")  # OpenAI-style error chunk before any text
-    events, final = run(collect(make_router(anth, orouter, tmp_path), req()))
-    assert final.provider == "anthropic" and final.failed == []
     orouter.script.append("sse-error")  # pinned: nothing to fall back to, the error is reported
+    pinned = make_router(anth, orouter, tmp_path)
     with pytest.raises(ProviderError, match="upstream overloaded"):
-        run(collect(make_router(anth, orouter, tmp_path),
-                    ChatRequest(messages=[{"role": "user", "content": "x"}], model="openrouter")))
+        go(pinned, collect(pinned, ChatRequest(messages=[{"role": "user", "content": "x"}], model="openrouter")))
+    assert anth.requests == []
 
 
 def first_then_other(anth: FakeCloud, orouter: FakeCloud, first: str) -> tuple[FakeCloud, FakeCloud, list[Any]]:
@@ -236,12 +245,12 @@ def test_no_fallback_on_a_4xx_from_the_request(anth: FakeCloud, orouter: FakeClo
     router = make_router(anth, orouter, tmp_path, rules=rules)
     asked.script += ["400", "422"]
     with pytest.raises(ProviderError) as info:
-        run(router.chat(req()))
+        go(router, router.chat(req()))
     assert info.value.status == 400 and not info.value.retryable
     assert "rejected the request (400): fake failure 400" in info.value.message
     assert info.value.to_openai()["error"]["type"] == "invalid_request_error"
     with pytest.raises(ProviderError) as info:
-        run(collect(router, req()))
+        go(router, collect(router, req()))
     assert info.value.status == 422
     assert len(asked.requests) == 2 and other.requests == []
 
@@ -259,7 +268,7 @@ def test_no_silent_switch_once_streaming_started(anth: FakeCloud, orouter: FakeC
             seen.append(ev)
 
     with pytest.raises(ProviderError, match="stream broke"):
-        run(main())
+        go(router, main())
     assert isinstance(seen[0], RouteStart) and seen[0].provider == first
     assert [e.text for e in seen[1:]] == ["Hello ", "from "]
     assert other.requests == []
@@ -272,7 +281,7 @@ def test_stream_failure_before_first_byte_hands_over(anth: FakeCloud, orouter: F
     asked, other, rules = first_then_other(anth, orouter, first)
     router = make_router(anth, orouter, tmp_path, rules=rules)
     asked.script.append(failure)
-    events, final = run(collect(router, req()))
+    events, final = go(router, collect(router, req()))
     nxt = "openrouter" if first == "anthropic" else "anthropic"
     assert events[0].provider == final.provider == nxt and final.text == other.reply
     assert len(asked.requests) == 1 and len(other.requests) == 1
@@ -282,7 +291,7 @@ def test_stream_failure_before_first_byte_hands_over(anth: FakeCloud, orouter: F
 def test_retries_stay_on_the_provider_first(anth: FakeCloud, orouter: FakeCloud, tmp_path: Path) -> None:
     router = make_router(anth, orouter, tmp_path, anthropic={"maxRetries": 2})
     anth.script += ["503", "429"]
-    res = run(router.chat(req()))
+    res = go(router, router.chat(req()))
     assert res.provider == "anthropic" and len(anth.requests) == 3 and orouter.requests == []
     assert res.failed == []
 
@@ -290,8 +299,8 @@ def test_retries_stay_on_the_provider_first(anth: FakeCloud, orouter: FakeCloud,
 def test_cooldown_skips_a_failing_provider(anth: FakeCloud, orouter: FakeCloud, tmp_path: Path) -> None:
     router = make_router(anth, orouter, tmp_path, cooldownSeconds=60)
     anth.script.append("500")
-    assert run(router.chat(req())).provider == "openrouter"
-    second = run(router.chat(req()))
+    assert go(router, router.chat(req())).provider == "openrouter"
+    second = go(router, router.chat(req()))
     assert second.provider == "openrouter" and len(anth.requests) == 1  # not asked again while cooling
     assert any("cooling down" in n for n in router.decide(req()).notes)
 
@@ -302,11 +311,11 @@ def test_keys_never_in_logs_or_errors(anth: FakeCloud, orouter: FakeCloud, tmp_p
     router = make_router(anth, orouter, tmp_path)
     anth.script.append("401")  # the fake echoes the key back, as real APIs do
     orouter.script.append("401")
-    res = run(router.chat(req()))
+    res = go(router, router.chat(req()))
     assert res.provider == "local"
     anth.script.append("401")
     with pytest.raises(ProviderError) as info:
-        run(router.chat(ChatRequest(messages=[{"role": "user", "content": "x"}], model="anthropic")))
+        go(router, router.chat(ChatRequest(messages=[{"role": "user", "content": "x"}], model="anthropic")))
     texts = [caplog.text, str(info.value), info.value.message, repr(info.value.to_openai()), " ".join(res.failed),
              res.reason, repr(router.providers), repr(router.config), str(router.decide(req()).to_dict())]
     for key in (ANTHROPIC_KEY, OPENROUTER_KEY):
@@ -353,7 +362,7 @@ def test_no_config_means_no_network(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     router = Router.from_settings(settings, local=FakeEngine(), env=ENV)
     assert list(router.providers) == ["local"]
     hard = req("Design a distributed system and analyze the trade-offs", complexity="high")
-    res = run(router.chat(hard))
-    _, final = run(collect(router, hard))
+    res = go(router, router.chat(hard))
+    _, final = go(router, collect(router, hard))
     assert res.provider == final.provider == "local" and res.cost_usd == 0
     assert Ledger(settings.ledger_path).report().requests == 2
