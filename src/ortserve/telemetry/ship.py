@@ -84,6 +84,7 @@ def count_items(signal: str, resources: list[Any]) -> int:
 
 
 def load_state(directory: Path) -> dict[str, Any]:
+    state: dict[str, Any]
     try:
         state = json.loads((directory / STATE_FILE).read_text(encoding="utf-8"))
     except FileNotFoundError:
