@@ -1,0 +1,83 @@
+"""Hugging Face Optimum: ORTModelForCausalLM on an fp32 ONNX export of the Hugging Face model.
+
+Runs in its own venv (optimum-onnx pins transformers 4.57), so it takes token ids, never a
+tokenizer, and imports nothing from ortserve beyond this package's stdlib-only modules.
+The export is cached next to the Hugging Face directory.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from ortserve.bench.backends.base import Backend, Spec, log_softmax_pick, perplexity_from
+from ortserve.bench.measure import Timing, now
+from ortserve.bench.workload import Prompt
+
+WINDOW = 512
+
+
+class FirstTokenClock:
+    def __init__(self, t0: float) -> None:
+        self.t0, self.calls, self.first = t0, 0, 0.0
+
+    def put(self, value: Any) -> None:
+        self.calls += 1
+        if self.calls == 2:
+            self.first = now() - self.t0
+
+    def end(self) -> None:
+        pass
+
+
+class OptimumBackend(Backend):
+    batches = True
+
+    def __init__(self, spec: Spec) -> None:
+        super().__init__(spec)
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        import torch
+        from optimum.onnxruntime import ORTModelForCausalLM
+
+        if not spec.hf_dir or not (Path(spec.hf_dir) / "config.json").is_file():
+            raise FileNotFoundError(f"no Hugging Face model at {spec.hf_dir}")
+        self.torch = torch
+        self.export = Path(str(spec.hf_dir).rstrip("/") + "-optimum-onnx")
+        if not (self.export / "model.onnx").is_file():
+            model = ORTModelForCausalLM.from_pretrained(spec.hf_dir, export=True, use_cache=True)
+            model.save_pretrained(str(self.export))
+            del model
+        self.model = ORTModelForCausalLM.from_pretrained(str(self.export), use_cache=True)
+
+    def run(self, prompts: list[Prompt], gen_tokens: int) -> list[Timing]:
+        torch = self.torch
+        width = min(len(p.ids) for p in prompts)
+        ids = torch.tensor([p.ids[:width] for p in prompts], dtype=torch.long)
+        t0 = now()
+        clock = FirstTokenClock(t0)
+        out = self.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=gen_tokens,
+                                  min_new_tokens=gen_tokens, do_sample=False, streamer=clock,
+                                  pad_token_id=self.model.config.eos_token_id)
+        end = now() - t0
+        return [Timing(clock.first, end, int(out.shape[1] - width), width) for _ in prompts]
+
+    def quality(self) -> dict[str, Any]:
+        torch = self.torch
+        ids: list[int] = self.spec.extra["heldout_ids"]
+        out = []
+        for start in range(0, len(ids) - 1, WINDOW):
+            chunk = ids[start:start + WINDOW + 1]
+            x = torch.tensor([chunk[:-1]])
+            logits = self.model(input_ids=x, attention_mask=torch.ones_like(x)).logits[0].float().numpy()
+            out.extend(log_softmax_pick(logits, chunk[1:]))
+        return perplexity_from(out, "perplexity (Optimum fp32 ONNX export)")
+
+    def info(self) -> dict[str, Any]:
+        import optimum.onnxruntime  # noqa: F401
+        import onnxruntime
+        import transformers
+        from importlib.metadata import version
+
+        return {"runtime": f"optimum-onnx {version('optimum-onnx')}, onnxruntime {onnxruntime.__version__}, "
+                           f"transformers {transformers.__version__}", "model": str(self.export)}
