@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import sqlite3
+import threading
 import time
 from collections.abc import Mapping
 from contextlib import closing
@@ -140,19 +141,38 @@ class CostReport:
 
 
 class Ledger:
-    """One SQLite file; a connection per call so the server and the CLI can share it."""
+    """One SQLite file shared by the server (one long-lived writer connection) and the CLI
+    (a reader per report). WAL with synchronous=NORMAL: a row costs no fsync of its own (a
+    crash may lose the last rows, never corrupt the file) and readers never block writers."""
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
+        self._writer: sqlite3.Connection | None = None
+        self._lock = threading.Lock()
 
     def _connect(self) -> sqlite3.Connection:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        con = sqlite3.connect(self.path, timeout=10)
+        con = sqlite3.connect(self.path, timeout=10, check_same_thread=False)
+        con.execute("PRAGMA synchronous=NORMAL")
+        con.execute("PRAGMA journal_mode=WAL")
         con.executescript(SCHEMA)
         return con
 
+    def close(self) -> None:
+        with self._lock:
+            if self._writer is not None:
+                self._writer.close()
+                self._writer = None
+
     def record(self, e: LedgerEntry) -> None:
-        with closing(self._connect()) as con, con:
+        with self._lock:
+            if self._writer is None:
+                self._writer = self._connect()
+            self._write(self._writer, e)
+
+    @staticmethod
+    def _write(con: sqlite3.Connection, e: LedgerEntry) -> None:
+        with con:
             con.execute(
                 "INSERT INTO requests (ts, request_id, provider, local, model, prompt_tokens, "
                 "completion_tokens, cost_usd, baseline_usd, baseline_model, reason) "

@@ -135,6 +135,8 @@ class Router:
     async def aclose(self) -> None:
         for p in self.providers.values():
             await p.aclose()
+        if self.ledger is not None:
+            self.ledger.close()
 
     # -- lookups --------------------------------------------------------------------------
     def provider(self, name: str) -> Provider:
