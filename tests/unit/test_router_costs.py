@@ -23,6 +23,7 @@ def test_price_table_matches_dated_and_vendor_ids() -> None:
     assert t.price("openai", "gpt-4o", False) == Price(input=2.5, output=10.0)
     assert t.price("anthropic", "my-finetune", False) == Price(input=1, output=2)
     assert t.price("anthropic", "unheard-of", False) is None
+    assert t.price("openrouter", "meta-llama/llama-3.3-70b-instruct:free", False) == Price(input=0, output=0)
     assert t.cost("local", "anything", True, Usage(10_000, 10_000)) == 0.0
     # 1000 in at $3/M + 500 out at $15/M
     assert t.cost("anthropic", "claude-sonnet-4-5", False, Usage(1000, 500)) == pytest.approx(0.0105)

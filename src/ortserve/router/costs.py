@@ -69,6 +69,8 @@ class PriceTable:
         own = self.overrides.get(provider, {})
         if model in own:
             return own[model]
+        if model.endswith(":free"):  # OpenRouter's free variants
+            return Price(input=0.0, output=0.0)
         norm = _normal(model)
         best = max((k for k in BUILTIN_PRICES if norm.startswith(k)), key=len, default=None)
         if best is None:
