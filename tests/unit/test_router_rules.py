@@ -134,3 +134,41 @@ def test_no_config_plans_local_only() -> None:
     d = r.decide(ask("Design a distributed system", complexity="high"))
     assert (d.provider, d.model, [t.provider for t in d.chain]) == ("local", "tiny-local", ["local"])
     assert r.baseline() is None
+
+
+def test_providers_declare_capabilities_and_typed_options() -> None:
+    from pydantic import ValidationError
+
+    from ortserve.providers import (
+        AnthropicOptions,
+        AnthropicProvider,
+        LocalProvider,
+        OpenAICompatOptions,
+        OpenAICompatProvider,
+        Provider,
+    )
+
+    a = AnthropicProvider("anthropic", AnthropicOptions.model_validate({"models": {"default": "m"}}), env={})
+    o = OpenAICompatProvider("openrouter", OpenAICompatOptions.model_validate({"models": {"default": "m"}}),
+                             env={"OPENROUTER_API_KEY": "sk-or-abcdefghijkl"})
+    local = LocalProvider(FakeEngine())
+    for p in (a, o, local):
+        assert isinstance(p, Provider) and p.capabilities.streaming
+    assert local.capabilities.local and not a.capabilities.local and not o.capabilities.local
+    assert local.capabilities.max_context == 2048
+    assert not a.ready and o.ready and o.base_url == "https://openrouter.ai/api/v1"
+    assert "sk-or" not in repr(o)
+    with pytest.raises(ValidationError, match="extra"):
+        AnthropicOptions.model_validate({"models": {"default": "m"}, "temprature": 1})
+
+
+def test_hints_from_request_and_redaction() -> None:
+    from ortserve.providers.base import redact
+
+    h = Hints.from_request({"privacy": "low", "agent_type": "coder"}, {"X-Ortserve-Privacy": "high"})
+    assert h.privacy == "high" and h.agent_type == "coder"
+    assert Hints.from_request(None, None) == Hints()
+    key = "sk-ant-api03-abcdefghijklmnop"
+    text = f"bad key {key}; header Bearer {key}; truncated {key[:10]}..."
+    assert key not in redact(text, [key]) and key[:8] not in redact(text, [key])
+    assert "sk-proj-zzzzzzzzzzzz" not in redact("leaked sk-proj-zzzzzzzzzzzz here")
