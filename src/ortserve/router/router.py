@@ -147,8 +147,8 @@ class Router:
                 if p.capabilities.local:
                     return p
         raise NotFound(f"unknown provider {name!r}; configured: {', '.join(self.providers)}",
-                       param="provider", hint="cloud providers are set up in the routing config "
-                                              "(ORTSERVE_ROUTER_CONFIG, see docs/router.md)")
+                       param="provider", hint="cloud providers are set up in the routing config: "
+                                              "ORTSERVE_ROUTER_CONFIG, docs/router.md")
 
     def name_of(self, name: str) -> str:
         return self.provider(name).name
