@@ -122,6 +122,8 @@ def test_metrics_logs_and_privacy(after_traffic: tuple[Path, dict[str, int]]) ->
     logs = _records(directory, "logs", "resourceLogs", "scopeLogs", "logRecords")
     correlated = [lr for lr in logs if lr.get("traceId")]
     assert all(lr["traceId"] in trace_ids for lr in correlated)
+    access = {lr["traceId"] for lr in logs if lr.get("eventName") == "ortserve.request"}
+    assert access == trace_ids  # every request has its log record, in its trace
     text = "".join(p.read_text() for p in directory.glob("*.jsonl"))
     assert PROMPT not in text
 

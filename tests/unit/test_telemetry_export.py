@@ -154,6 +154,10 @@ def test_logs_carry_trace_ids(tel: FileTelemetry) -> None:
     assert attrs_of(routed["attributes"])["queue_depth"] == 2
     outside = recs["outside any request"]
     assert "traceId" not in outside and outside["severityText"] == "WARN"
+    (access,) = [lr for lr in recs.values() if lr.get("eventName") == "ortserve.request"]
+    assert access["body"]["stringValue"].startswith("/v1/chat/completions 200 ")
+    assert access["traceId"] == sp["traceId"] and access["spanId"] == sp["spanId"]
+    assert attrs_of(access["attributes"])[n.MODEL] == "m"
 
 
 def test_trace_context_filter_decorates_stdlib_records(tel: FileTelemetry) -> None:

@@ -99,6 +99,12 @@ def stored_span_ids(directory: Path) -> list[str]:
             for rs in json.loads(raw)["resourceSpans"] for ss in rs["scopeSpans"] for sp in ss["spans"]]
 
 
+def stored_log_bodies(directory: Path) -> list[str]:
+    return [lr["body"]["stringValue"] for f in list_files(directory, "logs")
+            for _, raw in read_complete_lines(f.path) for rl in json.loads(raw)["resourceLogs"]
+            for sl in rl["scopeLogs"] for lr in sl["logRecords"]]
+
+
 def stored_lines(directory: Path, signal: str) -> int:
     return sum(1 for f in list_files(directory, signal) for _ in read_complete_lines(f.path))
 
@@ -110,11 +116,13 @@ def test_ship_delivers_everything_exactly_once(tmp_path: Path, collector: Collec
     stored = stored_span_ids(tmp_path)
     assert len(stored) == 12
     assert sorted(collector.span_ids()) == sorted(stored)
-    assert sorted(collector.log_bodies()) == sorted(f"first request {i}" for i in range(12))
+    assert sorted(collector.log_bodies()) == sorted(stored_log_bodies(tmp_path))
+    assert {f"first request {i}" for i in range(12)} <= set(collector.log_bodies())
+    assert len(stored_log_bodies(tmp_path)) == 24  # 12 app lines + 12 per-request access records
     assert collector.metric_lines() == stored_lines(tmp_path, "metrics") >= 1
     assert {path for path, _, _ in collector.received} == {"/v1/traces", "/v1/metrics", "/v1/logs"}
     assert {ctype for _, ctype, _ in collector.received} == {"application/json"}
-    assert result.items["traces"] == 12 and result.items["logs"] == 12
+    assert result.items["traces"] == 12 and result.items["logs"] == 24
     assert result.total == sum(stored_lines(tmp_path, s) for s in ("traces", "metrics", "logs"))
 
     posts = len(collector.received)
@@ -125,7 +133,8 @@ def test_ship_delivers_everything_exactly_once(tmp_path: Path, collector: Collec
     ship(tmp_path, collector.url)
     assert Counter(collector.span_ids()) == Counter(stored_span_ids(tmp_path))
     assert max(Counter(collector.span_ids()).values()) == 1
-    assert len(collector.log_bodies()) == 17
+    assert Counter(collector.log_bodies()) == Counter(stored_log_bodies(tmp_path))
+    assert len(collector.log_bodies()) == 2 * 17
 
 
 def test_small_batches_still_exactly_once(tmp_path: Path, collector: Collector) -> None:
@@ -152,7 +161,7 @@ def test_offline_collector_gives_a_clear_error_and_loses_nothing(tmp_path: Path,
     res = CliRunner().invoke(telemetry_group, ["ship", "--endpoint", collector.url, "--telemetry-dir",
                                                str(tmp_path)])
     assert res.exit_code == 0, res.output
-    assert "Shipped 4 spans" in res.output and "4 log records" in res.output
+    assert "Shipped 4 spans" in res.output and "8 log records" in res.output
     assert sorted(collector.span_ids()) == sorted(stored_span_ids(tmp_path))
     res = CliRunner().invoke(telemetry_group, ["ship", "--endpoint", collector.url, "--telemetry-dir",
                                                str(tmp_path)])
@@ -169,7 +178,8 @@ def test_collector_failure_midway_resumes_without_duplicates(tmp_path: Path, col
     collector.fail_after = None
     ship(tmp_path, collector.url, max_batch_bytes=1)
     assert Counter(collector.span_ids()) == Counter(stored_span_ids(tmp_path))
-    assert sorted(collector.log_bodies()) == sorted(f"mid request {i}" for i in range(8))
+    assert Counter(collector.log_bodies()) == Counter(stored_log_bodies(tmp_path))
+    assert {f"mid request {i}" for i in range(8)} <= set(collector.log_bodies())
 
 
 def test_dry_run_and_status(tmp_path: Path, collector: Collector) -> None:

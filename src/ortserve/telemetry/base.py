@@ -42,6 +42,7 @@ class TelemetryConfig:
     span_delay_s: float = 2.0
     max_queue: int = 8192
     service_name: str = "ortserve"
+    access_log: bool = True  # one OTel log record per request, correlated with its span
 
 
 class Telemetry:

@@ -11,11 +11,13 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
 
 from opentelemetry import context as otel_context
+from opentelemetry._logs import SeverityNumber
 from opentelemetry import trace
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk._logs import LoggerProvider
@@ -75,6 +77,7 @@ class FileTelemetry(Telemetry):
             FileLogExporter(self.writers["logs"]), max_queue_size=config.max_queue,
             schedule_delay_millis=config.span_delay_s * 1000))
         self.log_handler = TraceLogHandler(self.logger_provider)
+        self._access_logger = self.logger_provider.get_logger("ortserve.access", __version__)
         self.log_filter = TraceContextFilter()
         self._installed: list[logging.Logger] = []
         self._engines: list[tuple[StatsFn, str | None]] = []
@@ -187,6 +190,21 @@ class FileTelemetry(Telemetry):
         self.logger_provider.shutdown()
         self.meter_provider.shutdown()
 
+    def _access_record(self, span: RequestSpan, duration: float) -> None:
+        """One log record per request, in the request's trace (emitted while its span is current),
+        so log-only tools see every request too. Never contains prompt or completion text."""
+        failed = span.status >= 400 or span.finish_reason == "error"
+        attrs = {k: v for k, v in span.attrs.items() if v is not None and k not in (n.PROMPT, n.COMPLETION)}
+        attrs.update({n.STATUS_CODE: span.status, n.INPUT_TOKENS: span.input_tokens,
+                      n.OUTPUT_TOKENS: span.output_tokens, "ortserve.duration_s": round(duration, 6)})
+        if span.finish_reason:
+            attrs[n.FINISH_REASON] = span.finish_reason
+        self._access_logger.emit(
+            timestamp=time.time_ns(), context=otel_context.get_current(),
+            severity_number=SeverityNumber.WARN if failed else SeverityNumber.INFO,
+            severity_text="WARN" if failed else "INFO", event_name="ortserve.request",
+            body=f"{span.route} {span.status} {1000 * duration:.0f} ms", attributes=attrs)
+
     # -- RequestSpan hooks
 
     def _begin(self, span: RequestSpan) -> None:
@@ -200,6 +218,8 @@ class FileTelemetry(Telemetry):
     def _end(self, span: RequestSpan, exc: BaseException | None, duration: float) -> None:
         if exc is not None:
             span.otel_span.record_exception(exc)
+        if self.config.access_log:
+            self._access_record(span, duration)
         span.otel_span.end()
         if span.context_token is not None:
             otel_context.detach(span.context_token)
