@@ -17,8 +17,8 @@ from collections.abc import Callable
 from typing import Any
 
 from opentelemetry import context as otel_context
-from opentelemetry._logs import SeverityNumber
 from opentelemetry import trace
+from opentelemetry._logs import SeverityNumber
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk._logs import LoggerProvider
 from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
