@@ -91,6 +91,7 @@ class Runner:
         self.lengths = np.zeros(slots, dtype=np.int64)  # tokens held in each row
         self.capacity = 0
         self.kv: list[np.ndarray] = []
+        self._bindings: dict[tuple[int, int, int], Any] = {}
         self._grow(max(16, capacity))
 
     # ---- cache management -------------------------------------------------
@@ -104,6 +105,7 @@ class Runner:
                 buf[:, :, :keep] = old
         self.kv = new
         self.capacity = capacity
+        self._bindings = {}  # they point at the old buffers
 
     def ensure_capacity(self, tokens: int) -> None:
         if tokens > self.capacity:
@@ -121,22 +123,38 @@ class Runner:
         self.lengths[row] = 0
 
     # ---- compute ------------------------------------------------------------
+    def _binding(self, rows: slice) -> Any:
+        """An IOBinding with the KV views of ``rows`` bound as both past and present.
+
+        Cached per (rows, capacity): between steps only input_ids and the mask change, so a
+        decode step rebinds two inputs instead of 4 x layers tensors.
+        """
+        key = (rows.start, rows.stop, self.capacity)
+        io = self._bindings.get(key)
+        if io is None:
+            io = self.session.io_binding()
+            for layer in range(self.spec.layers):
+                for j, kind in enumerate(("key", "value")):
+                    view = self.kv[2 * layer + j][rows]
+                    ptr = view.ctypes.data
+                    io.bind_input(f"past_key_values.{layer}.{kind}", "cpu", 0, self.dtype, view.shape, ptr)
+                    io.bind_output(f"present.{layer}.{kind}", "cpu", 0, self.dtype, view.shape, ptr)
+            if len(self._bindings) > 4 * self.slots:
+                self._bindings.clear()
+            self._bindings[key] = io
+        return io
+
     def _run(self, rows: slice, input_ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        io = self.session.io_binding()
+        io = self._binding(rows)
         io.bind_cpu_input("input_ids", input_ids.astype(self.ids_dtype, copy=False))
         io.bind_cpu_input("attention_mask", mask.astype(self.mask_dtype, copy=False))
         if self.has_position_ids:
             pos = np.maximum(np.cumsum(mask, axis=1) - 1, 0)[:, -input_ids.shape[1]:]
             io.bind_cpu_input("position_ids", pos.astype(self.ids_dtype))
-        io.bind_output("logits", "cpu")  # first, so it is get_outputs()[0]
-        for layer in range(self.spec.layers):
-            for j, kind in enumerate(("key", "value")):
-                view = self.kv[2 * layer + j][rows]
-                ptr = view.ctypes.data
-                io.bind_input(f"past_key_values.{layer}.{kind}", "cpu", 0, self.dtype, view.shape, ptr)
-                io.bind_output(f"present.{layer}.{kind}", "cpu", 0, self.dtype, view.shape, ptr)
+        io.bind_output("logits", "cpu")
         self.session.run_with_iobinding(io)
-        return io.get_outputs()[0].numpy()
+        logits = io.get_outputs()[-1].numpy()
+        return logits
 
     def prefill(self, row: int, ids: list[int]) -> np.ndarray:
         """Run a whole prompt into an empty row; returns the last position's logits [vocab]."""

@@ -1,0 +1,108 @@
+"""Helpers shared by the benchmark scripts (not a library: scripts print JSON)."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+QUESTIONS = [
+    "What is the capital of France?", "Write a haiku about the sea.", "Explain photosynthesis briefly.",
+    "Give three tips for learning a language.", "What is 12 times 13?", "Describe a rainy afternoon.",
+    "Why is the sky blue?", "Name some uses of copper.", "Tell me a short story about a fox.",
+    "What does a compiler do?", "How do bees make honey?", "Summarise the plot of Hamlet.",
+    "What is a prime number?", "Suggest a name for a bakery.", "How does a bicycle stay upright?",
+    "List the planets of the solar system.",
+]
+
+
+def model_dir(arg: str | None) -> tuple[Path, str]:
+    from ortserve.config import load_settings
+    from ortserve.models.locate import resolve_model_dir
+
+    return resolve_model_dir(arg, load_settings())
+
+
+def machine() -> dict[str, Any]:
+    import psutil
+
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    return {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+            "ram_gb": round(psutil.virtual_memory().total / 2**30, 1), "loadavg_at_start": load,
+            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def median(xs: list[float]) -> float:
+    return float(statistics.median(xs)) if xs else 0.0
+
+
+def pct(xs: list[float], q: float) -> float:
+    if not xs:
+        return 0.0
+    s = sorted(xs)
+    return float(s[min(len(s) - 1, int(round(q * (len(s) - 1))))])
+
+
+def emit(result: dict[str, Any]) -> None:
+    print(json.dumps(result, indent=2))
+
+
+class RawOg:
+    """onnxruntime-genai's own Generator on the same model: the reference figures."""
+
+    def __init__(self, path: Path) -> None:
+        import onnxruntime_genai as og
+
+        self.og = og
+        self.model = og.Model(str(path))
+        self.tok = og.Tokenizer(self.model)
+
+    def chat_ids(self, question: str) -> list[int]:
+        text = self.tok.apply_chat_template(messages=json.dumps([{"role": "user", "content": question}]),
+                                            add_generation_prompt=True)
+        return list(self.tok.encode(text))
+
+    def single(self, ids: list[int], gen: int) -> dict[str, float]:
+        og = self.og
+        gp = og.GeneratorParams(self.model)
+        gp.set_search_options(max_length=len(ids) + gen, min_length=len(ids) + gen, do_sample=False)
+        g = og.Generator(self.model, gp)
+        t0 = time.perf_counter()
+        g.append_tokens(ids)
+        g.generate_next_token()
+        t1 = time.perf_counter()
+        n = 1
+        while not g.is_done() and n < gen:
+            g.generate_next_token()
+            n += 1
+        t2 = time.perf_counter()
+        return {"ttft": t1 - t0, "decode_tps": (n - 1) / (t2 - t1), "tokens": n}
+
+    def batch(self, prompts: list[list[int]], gen: int) -> dict[str, float]:
+        og = self.og
+        import numpy as np
+
+        width = max(len(p) for p in prompts)
+        pad = self.tok.pad_token_id if hasattr(self.tok, "pad_token_id") else 0
+        arr = np.full((len(prompts), width), pad, dtype=np.int32)
+        for i, p in enumerate(prompts):
+            arr[i, : len(p)] = p  # og pads on the right (as encode_batch does)
+        gp = og.GeneratorParams(self.model)
+        gp.set_search_options(max_length=width + gen, min_length=width + gen, batch_size=len(prompts),
+                              do_sample=False)
+        g = og.Generator(self.model, gp)
+        t0 = time.perf_counter()
+        g.append_tokens(arr)
+        g.generate_next_token()
+        t1 = time.perf_counter()
+        steps = 1
+        while not g.is_done() and steps < gen:
+            g.generate_next_token()
+            steps += 1
+        t2 = time.perf_counter()
+        return {"prefill_s": t1 - t0, "decode_tps": len(prompts) * (steps - 1) / (t2 - t1),
+                "end_to_end_tps": len(prompts) * steps / (t2 - t0), "steps": steps}
