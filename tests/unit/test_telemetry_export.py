@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -251,3 +252,29 @@ def test_slow_disk_does_not_block_requests(tel: FileTelemetry) -> None:
     assert elapsed < 0.25, f"50 request spans took {elapsed:.3f}s with a 0.5s disk"
     tel.shutdown()
     assert len(spans(tel.directory)) == 50
+
+
+def test_hung_disk_drops_with_one_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    tel = FileTelemetry(TelemetryConfig(directory=tmp_path, metric_interval_s=3600, max_queue=16,
+                                        span_delay_s=0.01))
+    gate = threading.Event()
+    writer = tel.writers["traces"]
+    real = writer.write_line
+
+    def hung(line: str) -> bool:
+        gate.wait(10)
+        return real(line)
+
+    writer.write_line = hung  # type: ignore[method-assign]
+    with caplog.at_level(logging.WARNING, logger="opentelemetry"):
+        t0 = time.perf_counter()
+        for _ in range(500):
+            with tel.request_span("/v1/chat/completions", model="m") as span:
+                span.finish(input_tokens=1, output_tokens=1)
+        elapsed = time.perf_counter() - t0
+    gate.set()
+    tel.shutdown()
+    drops = [r for r in caplog.records if "Queue full" in r.getMessage()]
+    assert len(drops) == 1  # not one per dropped span (the SDK de-duplicates per 20 s)
+    assert elapsed < 2.0  # requests never waited for the disk
+    assert 0 < len(spans(tmp_path)) < 500  # what fit in the queue was written, the rest dropped

@@ -92,3 +92,4 @@ class TraceContextFilter(logging.Filter):
         record.trace_id = f"{ctx.trace_id:032x}" if ctx.is_valid else ""
         record.span_id = f"{ctx.span_id:016x}" if ctx.is_valid else ""
         return True
+

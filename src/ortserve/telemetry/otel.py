@@ -63,6 +63,7 @@ class FileTelemetry(Telemetry):
         self.tracer_provider = TracerProvider(resource=resource, sampler=ALWAYS_ON)
         self.tracer_provider.add_span_processor(BatchSpanProcessor(
             FileSpanExporter(self.writers["traces"]), max_queue_size=config.max_queue,
+            max_export_batch_size=min(512, config.max_queue),
             schedule_delay_millis=config.span_delay_s * 1000))
         self.tracer = self.tracer_provider.get_tracer(n.SCOPE, __version__)
 
@@ -75,6 +76,7 @@ class FileTelemetry(Telemetry):
         self.logger_provider = LoggerProvider(resource=resource)
         self.logger_provider.add_log_record_processor(BatchLogRecordProcessor(
             FileLogExporter(self.writers["logs"]), max_queue_size=config.max_queue,
+            max_export_batch_size=min(512, config.max_queue),
             schedule_delay_millis=config.span_delay_s * 1000))
         self.log_handler = TraceLogHandler(self.logger_provider)
         self._access_logger = self.logger_provider.get_logger("ortserve.access", __version__)
