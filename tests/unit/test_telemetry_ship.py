@@ -5,6 +5,7 @@ The collector is a real HTTP server on 127.0.0.1 in a thread, recording what it 
 
 from __future__ import annotations
 
+import gzip
 import json
 import logging
 import socket
@@ -29,12 +30,16 @@ from ortserve.telemetry.ship import STATE_FILE, ShipError, base_url, ship
 class Collector:
     def __init__(self) -> None:
         self.received: list[tuple[str, str, dict[str, Any]]] = []
-        self.fail_after: int | None = None  # answer 503 once this many POSTs were accepted
+        self.fail_after: int | None = None
+        self.gzipped = 0  # answer 503 once this many POSTs were accepted
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
+                if self.headers.get("Content-Encoding") == "gzip":
+                    body = gzip.decompress(body)
+                    outer.gzipped += 1
                 if outer.fail_after is not None and len(outer.received) >= outer.fail_after:
                     self.send_response(503)
                     self.end_headers()
@@ -199,3 +204,12 @@ def test_endpoint_forms() -> None:
     assert base_url("https://c/otlp") == "https://c/otlp"
     with pytest.raises(InvalidRequest):
         base_url("c:4318")
+
+
+def test_gzip_bodies(tmp_path: Path, collector: Collector) -> None:
+    record(tmp_path, 3, "gz")
+    res = CliRunner().invoke(telemetry_group, ["ship", "--gzip", "--endpoint", collector.url,
+                                               "--telemetry-dir", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    assert collector.gzipped == len(collector.received) == 3  # traces, metrics, logs
+    assert sorted(collector.span_ids()) == sorted(stored_span_ids(tmp_path))

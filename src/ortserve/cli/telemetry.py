@@ -60,9 +60,10 @@ def summary_cmd(since: str | None, as_json: bool, telemetry_dir: Path | None) ->
 @click.option("--timeout", default=10.0, show_default=True, help="Seconds per HTTP request")
 @click.option("--header", "headers", multiple=True, metavar="NAME=VALUE",
               help="Extra HTTP header (repeatable), e.g. for collector auth")
+@click.option("--gzip", "use_gzip", is_flag=True, help="Compress request bodies (Content-Encoding: gzip)")
 @click.option("--dry-run", is_flag=True, help="Only count what would be sent")
 @_dir_option
-def ship_cmd(endpoint: str, timeout: float, headers: tuple[str, ...], dry_run: bool,
+def ship_cmd(endpoint: str, timeout: float, headers: tuple[str, ...], use_gzip: bool, dry_run: bool,
              telemetry_dir: Path | None) -> None:
     """Send every stored record not shipped before to <endpoint>/v1/{traces,metrics,logs}."""
     directory = _directory(telemetry_dir)
@@ -78,7 +79,7 @@ def ship_cmd(endpoint: str, timeout: float, headers: tuple[str, ...], dry_run: b
             click.echo("Would ship " + ", ".join(f"{counts[s]} {s} lines" for s in SIGNALS)
                        + f" from {directory}")
             return
-        result = ship(directory, endpoint, timeout_s=timeout, headers=extra)
+        result = ship(directory, endpoint, timeout_s=timeout, headers=extra, gzip=use_gzip)
     except OrtServeError as exc:
         raise click.ClickException(exc.one_line()) from None
     if result.total == 0 and not result.corrupt:

@@ -15,6 +15,7 @@ is sent again on the next run.
 from __future__ import annotations
 
 import contextlib
+import gzip as gzip_module
 import json
 import os
 from dataclasses import dataclass, field
@@ -114,7 +115,7 @@ def pending(directory: Path) -> dict[str, int]:
 
 def ship(directory: Path, endpoint: str, *, timeout_s: float = 10.0,
          max_batch_bytes: int = MAX_BATCH_BYTES, headers: dict[str, str] | None = None,
-         client: httpx.Client | None = None) -> ShipResult:
+         gzip: bool = False, client: httpx.Client | None = None) -> ShipResult:
     """POST every record not yet delivered; returns what was sent. Raises OfflineError when
     the collector cannot be reached (everything delivered before that stays remembered)."""
     url = base_url(endpoint)
@@ -125,7 +126,7 @@ def ship(directory: Path, endpoint: str, *, timeout_s: float = 10.0,
     http = client or httpx.Client(timeout=timeout_s)
     try:
         with exclusive_lock(directory / LOCK_FILE):
-            return _Shipper(directory, url, http, headers or {}, max_batch_bytes).run()
+            return _Shipper(directory, url, http, headers or {}, max_batch_bytes, gzip).run()
     finally:
         if own:
             http.close()
@@ -133,9 +134,12 @@ def ship(directory: Path, endpoint: str, *, timeout_s: float = 10.0,
 
 class _Shipper:
     def __init__(self, directory: Path, url: str, http: httpx.Client, headers: dict[str, str],
-                 max_batch_bytes: int) -> None:
+                 max_batch_bytes: int, gzip: bool) -> None:
         self.directory, self.url, self.http = directory, url, http
+        self.gzip = gzip
         self.headers = {"Content-Type": "application/json", **headers}
+        if gzip:
+            self.headers["Content-Encoding"] = "gzip"
         self.max_batch_bytes = max_batch_bytes
         self.state = load_state(directory)
         self.result = ShipResult()
@@ -185,6 +189,8 @@ class _Shipper:
     def _post(self, signal: str, body: dict[str, Any]) -> None:
         target = f"{self.url}/v1/{signal}"
         data = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        if self.gzip:
+            data = gzip_module.compress(data, compresslevel=6)
         try:
             resp = self.http.post(target, content=data, headers=self.headers)
         except (httpx.TransportError, OSError) as exc:
