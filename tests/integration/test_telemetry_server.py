@@ -7,7 +7,9 @@ does, the test skips with that reason rather than pass vacuously.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import socket
 import threading
 import time
@@ -38,14 +40,11 @@ def _records(directory: Path, signal: str, key: str, inner: str, items: str) -> 
             for r in json.loads(raw)[key] for s in r[inner] for it in s[items]]
 
 
-@pytest.fixture(scope="module")
-def served(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path, Any]]:
+@contextlib.contextmanager
+def _running(settings: Any, model_dir: Path) -> Iterator[tuple[str, Any]]:
     from ortserve.server.app import create_app
 
-    home = tmp_path_factory.mktemp("home")
-    settings = load_settings(home=home, telemetry=True, telemetry_dir=home / "tel", port=_port(),
-                             default_max_tokens=8)
-    app = create_app(settings, model_dir=tiny_model, model_id="tiny")
+    app = create_app(settings, model_dir=model_dir, model_id="tiny")
     state = app.state.ortserve
     if state.telemetry is None or not state.telemetry.enabled:
         pytest.skip("create_app does not wire telemetry yet (state.telemetry stays None)")
@@ -53,20 +52,30 @@ def served(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     base = f"http://127.0.0.1:{settings.port}"
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        try:
-            if httpx.get(f"{base}/healthz", timeout=2).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    else:
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            try:
+                if httpx.get(f"{base}/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        else:
+            pytest.fail("server did not become healthy")
+        yield base, state
+    finally:
         server.should_exit = True
-        pytest.fail("server did not become healthy")
-    yield base, settings.telemetry_path, state
-    server.should_exit = True
-    thread.join(timeout=30)
+        thread.join(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def served(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path, Any]]:
+    home = tmp_path_factory.mktemp("home")
+    settings = load_settings(home=home, telemetry=True, telemetry_dir=home / "tel", port=_port(),
+                             default_max_tokens=8)
+    with _running(settings, tiny_model) as (base, state):
+        yield base, settings.telemetry_path, state
 
 
 @pytest.fixture(scope="module")
@@ -134,3 +143,20 @@ def test_summary_counts_the_traffic(after_traffic: tuple[Path, dict[str, int]]) 
     chat = [r for (route, _), r in rows.items() if route == "/v1/chat/completions"]
     assert sum(r.requests for r in chat) == sent["/v1/chat/completions"]
     assert sum(r.errors for r in chat) == 1
+
+
+def test_unwritable_telemetry_dir_does_not_fail_requests(tiny_model: Path, tmp_path: Path,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the telemetry directory should be")
+    settings = load_settings(home=tmp_path / "home", telemetry=True, telemetry_dir=blocker / "tel",
+                             port=_port(), default_max_tokens=4)
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+    with (caplog.at_level(logging.WARNING, logger="ortserve.telemetry"),
+          _running(settings, tiny_model) as (base, state),
+          httpx.Client(base_url=base, timeout=60) as c):
+        for _ in range(5):
+            assert c.post("/v1/chat/completions", json=chat).status_code == 200
+            state.telemetry.force_flush()
+    warnings = [r for r in caplog.records if r.name == "ortserve.telemetry"]
+    assert len(warnings) == 1 and "serving continues" in warnings[0].getMessage()
