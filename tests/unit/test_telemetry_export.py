@@ -170,11 +170,16 @@ def test_trace_context_filter_decorates_stdlib_records(tel: FileTelemetry) -> No
         def emit(self, record: logging.LogRecord) -> None:
             seen.append(record)
 
-    logger.addHandler(Keep())
+    keep = Keep()
+    logger.addHandler(keep)
     tel.install_logging(logger)
     with tel.request_span("/x") as span:
         logger.warning("hi")
-    assert seen[0].trace_id == span.trace_id  # type: ignore[attr-defined]
+        logging.getLogger("ortserve.test_telemetry_filter.child").warning("from a child logger")
+    logger.warning("after")
+    assert [r.trace_id for r in seen] == [span.trace_id, span.trace_id, ""]  # type: ignore[attr-defined]
+    tel.shutdown()
+    assert not keep.filters  # shutdown takes the filter off again
 
 
 def test_no_prompt_text_by_default(tmp_path: Path) -> None:

@@ -163,13 +163,17 @@ class FileTelemetry(Telemetry):
 
     def install_logging(self, logger: logging.Logger | None = None, level: int = logging.NOTSET) -> None:
         """Send `logger`'s records (default: the root logger) to the telemetry log files with
-        the current trace/span ids, and add `record.trace_id`/`record.span_id` for formatters."""
+        the current trace/span ids, and give the handlers already on it `record.trace_id` /
+        `record.span_id` (hex or "") for their formatters."""
         target = logger or logging.getLogger()
         self.log_handler.setLevel(level)
-        if self.log_handler not in target.handlers:
-            target.addHandler(self.log_handler)
-            target.addFilter(self.log_filter)
-            self._installed.append(target)
+        if self.log_handler in target.handlers:
+            return
+        # Handler filters (unlike logger filters) also see records propagated from child loggers.
+        for handler in target.handlers:
+            handler.addFilter(self.log_filter)
+        target.addHandler(self.log_handler)
+        self._installed.append(target)
 
     # -- lifecycle
 
@@ -187,7 +191,8 @@ class FileTelemetry(Telemetry):
             self._closed = True
         for target in self._installed:
             target.removeHandler(self.log_handler)
-            target.removeFilter(self.log_filter)
+            for handler in target.handlers:
+                handler.removeFilter(self.log_filter)
         self.tracer_provider.shutdown()
         self.logger_provider.shutdown()
         self.meter_provider.shutdown()
@@ -202,7 +207,7 @@ class FileTelemetry(Telemetry):
         if span.finish_reason:
             attrs[n.FINISH_REASON] = span.finish_reason
         self._access_logger.emit(
-            timestamp=time.time_ns(), context=otel_context.get_current(),
+            timestamp=time.time_ns(), context=trace.set_span_in_context(span.otel_span),
             severity_number=SeverityNumber.WARN if failed else SeverityNumber.INFO,
             severity_text="WARN" if failed else "INFO", event_name="ortserve.request",
             body=f"{span.route} {span.status} {1000 * duration:.0f} ms", attributes=attrs)
