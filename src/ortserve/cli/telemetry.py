@@ -82,6 +82,8 @@ def ship_cmd(endpoint: str, timeout: float, headers: tuple[str, ...], use_gzip: 
         result = ship(directory, endpoint, timeout_s=timeout, headers=extra, gzip=use_gzip)
     except OrtServeError as exc:
         raise click.ClickException(exc.one_line()) from None
+    except OSError as exc:  # the lock or state file: ship needs write access to the directory
+        raise click.ClickException(f"cannot record shipping state in {directory}: {exc}") from None
     if result.total == 0 and not result.corrupt:
         click.echo(f"Nothing new to ship from {directory}.")
         return
