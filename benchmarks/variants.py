@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import tempfile
@@ -59,7 +60,9 @@ def run(work: Path, tokens: int, repeats: int) -> dict[str, Any]:
         r["delta_pct"] = round(100 * (r["perplexity"] / ref - 1), 2)
     within = [r for r in rows if r["delta_pct"] <= 1.0]
     fastest = max(within, key=lambda r: r["decode_tps"])
+    load = [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
     return {"model": "smollm2-135m", "machine": f"{platform.machine()} {platform.processor()}".strip(),
+            "cpus": os.cpu_count(), "load_average_1_5_15": load,
             "decode_tokens": tokens, "default_precision": DEFAULT_PRECISION,
             "fastest_within_1pct": fastest["variant"], "variants": rows}
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -36,6 +37,9 @@ def handles_errors(fn: F) -> F:
             return fn(*args, **kwargs)
         except OrtServeError as e:
             _fail(e)
+        except OSError as e:  # permissions, a read-only or full disk outside a build
+            click.echo(f"error: {e.strerror or e}" + (f": {e.filename}" if e.filename else ""), err=True)
+            sys.exit(1)
         except KeyboardInterrupt:
             click.echo("error: interrupted (nothing was installed)", err=True)
             sys.exit(130)
@@ -44,10 +48,10 @@ def handles_errors(fn: F) -> F:
 
 
 def _store() -> Any:
-    from ortserve.config import load_settings
+    from ortserve.cli.common import settings_from
     from ortserve.models.store import ModelStore
 
-    return ModelStore(load_settings().store_dir)
+    return ModelStore(settings_from().store_dir)
 
 
 def _emit(data: Any) -> None:
@@ -64,6 +68,8 @@ class Progress:
 
             self.bar = tqdm(total=None, desc=title, file=sys.stderr, leave=False,
                             bar_format="{desc} [{elapsed}]")
+        else:  # quiet: also the bars of transformers and the builder (tqdm reads TQDM_DISABLE)
+            os.environ.setdefault("TQDM_DISABLE", "1")
 
     def __call__(self, message: str) -> None:
         if self.bar is not None:

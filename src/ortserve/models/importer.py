@@ -128,9 +128,14 @@ def build_variant_from_hf(hf_dir: Path, out: Path, precision: str, device: str,
     return fields
 
 
-def reference_perplexity(hf_dir: Path, progress: Progress | None = None) -> float:
-    """Perplexity of the fp32 build of ``hf_dir`` (built in a temp dir, then discarded)."""
-    with tempfile.TemporaryDirectory(prefix="ortserve-ref-") as tmp:
+def reference_perplexity(hf_dir: Path, progress: Progress | None = None, work_dir: Path | None = None) -> float:
+    """Perplexity of the fp32 build of ``hf_dir`` (built in a temp dir, then discarded).
+
+    ``work_dir`` puts that temp dir next to the install (the store sweeps it after a crash).
+    """
+    if work_dir is not None:
+        work_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="ortserve-ref-", dir=work_dir) as tmp:
         out = Path(tmp) / "fp32"
         if progress:
             progress("building the fp32 reference")
@@ -150,10 +155,14 @@ def known_reference(store: ModelStore, model: str) -> float | None:
 
 
 def _reference(store: ModelStore, model: str, hf: Path, precision: str, device: str,
-               progress: Progress | None) -> float | None:
+               progress: Progress | None, tmp: Path) -> float | None:
     ref = known_reference(store, model)
     if ref is None and not (precision == "fp32" and device == "cpu"):
-        ref = reference_perplexity(hf, progress)
+        work = tmp.with_name(tmp.name + ".ref")
+        try:
+            ref = reference_perplexity(hf, progress, work_dir=work)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
     return ref
 
 
@@ -172,7 +181,7 @@ def import_gguf(store: ModelStore, gguf: Path, model_id: str, *, precision: str 
         work.mkdir()
         try:
             hf = convert.gguf_to_hf(gguf, work / "hf", progress)
-            ref = _reference(store, model_id, hf, precision, device, progress)
+            ref = _reference(store, model_id, hf, precision, device, progress, tmp)
             fields = build_variant_from_hf(hf, tmp, precision, device, options, progress, ref)
         finally:
             shutil.rmtree(work, ignore_errors=True)
@@ -190,7 +199,7 @@ def import_hf_dir(store: ModelStore, hf_dir: Path, model_id: str, *, precision: 
     check_hf_dir(hf_dir)
 
     def build(tmp: Path) -> dict[str, Any]:
-        ref = _reference(store, model_id, hf_dir, precision, device, progress)
+        ref = _reference(store, model_id, hf_dir, precision, device, progress, tmp)
         fields = build_variant_from_hf(hf_dir, tmp, precision, device, options, progress, ref)
         return {**fields, "source": f"hf:{hf_dir}", "aliases": aliases or []}
 
