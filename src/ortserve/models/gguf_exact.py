@@ -6,7 +6,7 @@ builder's re-quantization (see gguf_reader for the block -> code mapping). Per-b
 minimums (Q4_1, Q5_1, Q4_K, Q5_K) have no integer zero point, so they become a separate
 term computed from block sums of the input:
 
-    y = MatMulNBits(x, codes, scales)  +  blocksum(x) @ offsets^T
+    y = MatMulNBits(x, codes, scales)  +  (x @ indicator) @ offsets^T
 
 which keeps the integer fast path of the kernel (float zero points run ~50x slower on CPU).
 
@@ -254,19 +254,20 @@ class GraphPatch:
                                         name=f"{node.name}/gguf_add")]
 
     def blocksum(self, x: str, k: int, group: int) -> str:
-        """Sums of x over each group of weights along K: [b, s, K] -> [b, s, K/group] (shared)."""
+        """Sums of x over each group of weights along K, [..., K] -> [..., K/group], as one
+        MatMul with a 0/1 indicator (exact: each output adds its group's values, times 1)."""
         from onnx import helper
 
-        key = (x, group)
-        if key not in self.blocksums:
-            stem = f"{x}/gguf_blocksum{group}"
-            shape = self.add_init(f"{stem}/shape", np.array([0, 0, k // group, group], np.int64))
-            axes = self.add_init(f"{stem}/axes", np.array([-1], np.int64))
-            self.nodes += [helper.make_node("Reshape", [x, shape], [f"{stem}/blocks"], name=f"{stem}/Reshape"),
-                           helper.make_node("ReduceSum", [f"{stem}/blocks", axes], [f"{stem}/out"],
-                                            name=f"{stem}/ReduceSum", keepdims=0)]
-            self.blocksums[key] = f"{stem}/out"
-        return self.blocksums[key]
+        if (x, group) not in self.blocksums:
+            ind = f"gguf.blocksum_indicator.{k}x{k // group}"
+            if not any(t.name == ind for t in self.inits):
+                eye = np.zeros((k, k // group), np.float32)
+                eye[np.arange(k), np.arange(k) // group] = 1.0
+                self.add_init(ind, eye)
+            out = f"{x}/gguf_blocksum{group}"
+            self.nodes.append(helper.make_node("MatMul", [x, ind], [out], name=f"{out}/MatMul"))
+            self.blocksums[(x, group)] = out
+        return self.blocksums[(x, group)]
 
     def patch_tied_embedding(self) -> None:
         """A GatherBlockQuantized embedding reading the LM head's blocks follows the new blocks."""
