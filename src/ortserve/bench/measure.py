@@ -6,8 +6,8 @@ import math
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
 
 
 @dataclass
@@ -59,7 +59,7 @@ def rss_bytes(pid: int) -> int:
     except (OSError, ValueError, IndexError):
         pass
     try:
-        import psutil
+        import psutil  # type: ignore[import-untyped]
 
         return int(psutil.Process(pid).memory_info().rss)
     except Exception:  # noqa: BLE001 - no way to measure: report 0 and let the report say so
@@ -79,7 +79,7 @@ class PeakRSS:
     def sample(self) -> None:
         self.peak = max(self.peak, sum(rss_bytes(p) for p in self.pids()))
 
-    def __enter__(self) -> "PeakRSS":
+    def __enter__(self) -> PeakRSS:  # noqa: PYI034 - Python 3.10 has no typing.Self
         self.sample()
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()
@@ -89,7 +89,7 @@ class PeakRSS:
         while not self._stop.wait(self.interval):
             self.sample()
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()

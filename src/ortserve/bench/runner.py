@@ -10,10 +10,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.util import find_spec
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ortserve.bench.measure import percentile
 from ortserve.bench.workload import PromptSet, Workload, build_prompts
@@ -30,6 +31,7 @@ class BackendInfo:
     needs: tuple[str, ...]  # modules the worker imports
     install: str  # the command that provides them
     source: str  # which copy of the model it runs: onnx, gguf or hf
+    batches: bool = True  # runs batch sizes > 1
     own_venv: bool = False
 
 
@@ -41,7 +43,7 @@ BACKENDS: dict[str, BackendInfo] = {b.name: b for b in [
     BackendInfo("og", "raw og.Generator", "ortserve.bench.backends.onnx:OgBackend",
                 ("onnxruntime_genai",), "pip install onnxruntime-genai", "onnx"),
     BackendInfo("llamacpp", "llama.cpp (llama-cpp-python)", "ortserve.bench.backends.llamacpp:LlamaCppBackend",
-                ("llama_cpp",), "pip install llama-cpp-python", "gguf"),
+                ("llama_cpp",), "pip install llama-cpp-python", "gguf", batches=False),
     BackendInfo("transformers", "HF transformers (PyTorch)", "ortserve.bench.backends.hf:TransformersBackend",
                 ("torch", "transformers"), "pip install 'ortserve[convert]'", "hf"),
     BackendInfo("optimum", "HF Optimum (ORTModelForCausalLM)", "ortserve.bench.backends.optimum:OptimumBackend",
@@ -151,15 +153,15 @@ def optimum_setup_command(venv: Path) -> str:
 def _optimum_python(venv: Path, setup: bool, say: Say) -> str | None:
     python = _venv_python(venv)
     probe = [str(python), "-c", "import optimum.onnxruntime, transformers, torch"]
-    if python.exists() and subprocess.run(probe, capture_output=True).returncode == 0:
+    if python.exists() and subprocess.run(probe, capture_output=True, check=False).returncode == 0:
         return str(python)
     if not setup:
         return None
     say(f"optimum: setting up {venv} (a few minutes): {optimum_setup_command(venv)}")
-    ok = subprocess.run([sys.executable, "-m", "venv", str(venv)]).returncode == 0 and subprocess.run(
-        [str(python), "-m", "pip", "install", "--quiet", "torch==2.13.0", "optimum-onnx[onnxruntime]"]
+    ok = subprocess.run([sys.executable, "-m", "venv", str(venv)], check=False).returncode == 0 and subprocess.run(
+        [str(python), "-m", "pip", "install", "--quiet", "torch==2.13.0", "optimum-onnx[onnxruntime]"], check=False
     ).returncode == 0
-    return str(python) if ok and subprocess.run(probe, capture_output=True).returncode == 0 else None
+    return str(python) if ok and subprocess.run(probe, capture_output=True, check=False).returncode == 0 else None
 
 
 # ---- one worker ------------------------------------------------------------------------------
@@ -168,7 +170,7 @@ def _run_worker(info: BackendInfo, python: str, src: Sources, work: Workload, pr
                 heldout_ids: list[int], quality: bool, threads: int, tmp: Path, say: Say) -> dict[str, Any]:
     from ortserve.bench.backends.base import Spec
 
-    cells = work.cells(batches=True)
+    cells = work.cells(batches=info.batches)
     max_batch = max((b for b, _ in cells), default=1)
     hf_dir = src.hf_dir or (src.hf_cache if info.source == "hf" else None)
     spec = Spec(model_dir=str(src.model_dir), gguf=str(src.gguf) if src.gguf else None,
@@ -185,7 +187,8 @@ def _run_worker(info: BackendInfo, python: str, src: Sources, work: Workload, pr
     say(f"{info.name}: running in {'its own venv' if info.own_venv else 'a subprocess'}")
     load0 = _loadavg()
     t0 = time.perf_counter()
-    proc = subprocess.run([python, "-m", "ortserve.bench.worker", str(job_path), str(out_path)], env=env)
+    proc = subprocess.run([python, "-m", "ortserve.bench.worker", str(job_path), str(out_path)], env=env,
+                          check=False)
     row: dict[str, Any] = {"wall_seconds": round(time.perf_counter() - t0, 1), "loadavg_start": load0,
                            "loadavg_end": _loadavg()}
     if not out_path.exists():
@@ -229,7 +232,7 @@ def machine() -> dict[str, Any]:
     except OSError:
         pass
     try:
-        import psutil
+        import psutil  # type: ignore[import-untyped]
 
         ram = round(psutil.virtual_memory().total / 2**30, 1)
     except ImportError:

@@ -25,10 +25,10 @@ class Workload:
     grid: bool = False  # every (batch, prompt) pair, instead of two sweeps
 
     @classmethod
-    def quick(cls) -> "Workload":
+    def quick(cls) -> Workload:
         return cls(prompt_lengths=(16,), batch_sizes=(1, 4), gen_tokens=16, warmup=1, reps=2)
 
-    def capped(self, context_length: int) -> "Workload":
+    def capped(self, context_length: int) -> Workload:
         """Drop prompt lengths that do not fit the context window with the generated tokens."""
         fits = tuple(n for n in self.prompt_lengths if n + self.gen_tokens <= context_length)
         return Workload(fits, self.batch_sizes, self.gen_tokens, self.warmup, self.reps, self.grid)
@@ -75,7 +75,7 @@ class PromptSet:
         return {str(n): [[p.ids, p.text] for p in ps] for n, ps in self.by_length.items()}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "PromptSet":
+    def from_json(cls, data: dict[str, Any]) -> PromptSet:
         return cls({int(n): [Prompt(list(i), t) for i, t in ps] for n, ps in data.items()})
 
 

@@ -24,8 +24,9 @@ class LlamaCppBackend(Backend):
 
         if not spec.gguf:
             raise ValueError("llama.cpp needs a GGUF file")
+        self.gguf: str = spec.gguf
         self.threads = spec.threads or os.cpu_count() or 1
-        self.llm = Llama(model_path=spec.gguf, n_ctx=spec.max_length, n_batch=512, n_threads=self.threads,
+        self.llm = Llama(model_path=self.gguf, n_ctx=spec.max_length, n_batch=512, n_threads=self.threads,
                          n_threads_batch=self.threads, verbose=False)
 
     def run(self, prompts: list[Prompt], gen_tokens: int) -> list[Timing]:
@@ -50,7 +51,7 @@ class LlamaCppBackend(Backend):
         from llama_cpp import Llama
 
         ids: list[int] = self.spec.extra["heldout_ids"]
-        scorer = Llama(model_path=self.spec.gguf, n_ctx=WINDOW + 8, n_batch=WINDOW + 8, logits_all=True,
+        scorer = Llama(model_path=self.gguf, n_ctx=WINDOW + 8, n_batch=WINDOW + 8, logits_all=True,
                        n_threads=self.threads, verbose=False)
         out = []
         for start in range(0, len(ids) - 1, WINDOW):

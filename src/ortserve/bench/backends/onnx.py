@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 from ortserve.bench.backends.base import Backend, Spec
@@ -13,7 +14,7 @@ from ortserve.bench.workload import Prompt
 def onnx_quality(model_dir: str) -> dict[str, Any]:
     from ortserve.models.quality import perplexity
 
-    return {**perplexity(model_dir), "method": "perplexity (ONNX graph, onnxruntime)"}
+    return {**perplexity(Path(model_dir)), "method": "perplexity (ONNX graph, onnxruntime)"}
 
 
 def onnx_settings(spec: Spec) -> Any:
@@ -33,7 +34,7 @@ class EngineBackend(Backend):
         from ortserve.engine import AsyncEngine
 
         self.loop = asyncio.new_event_loop()
-        self.engine = AsyncEngine.load(spec.model_dir, onnx_settings(spec))
+        self.engine = AsyncEngine.load(Path(spec.model_dir), onnx_settings(spec))
         self.loop.run_until_complete(self.engine.start())
 
     def run(self, prompts: list[Prompt], gen_tokens: int) -> list[Timing]:
@@ -64,7 +65,7 @@ class EngineBackend(Backend):
         return onnx_quality(self.spec.model_dir)
 
     def info(self) -> dict[str, Any]:
-        import onnxruntime_genai as og
+        import onnxruntime_genai as og  # type: ignore[import-untyped]
 
         return {"runtime": f"onnxruntime-genai {og.__version__}", "device": self.engine.device,
                 "model": self.spec.model_dir}
@@ -81,7 +82,7 @@ class OgBackend(Backend):
 
     def __init__(self, spec: Spec) -> None:
         super().__init__(spec)
-        import onnxruntime_genai as og
+        import onnxruntime_genai as og  # type: ignore[import-untyped]
 
         self.og = og
         config = og.Config(spec.model_dir)

@@ -38,7 +38,7 @@ class OptimumBackend(Backend):
         super().__init__(spec)
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         import torch
-        from optimum.onnxruntime import ORTModelForCausalLM
+        from optimum.onnxruntime import ORTModelForCausalLM  # type: ignore[import-not-found]
 
         if not spec.hf_dir or not (Path(spec.hf_dir) / "config.json").is_file():
             raise FileNotFoundError(f"no Hugging Face model at {spec.hf_dir}")
@@ -74,10 +74,10 @@ class OptimumBackend(Backend):
         return perplexity_from(out, "perplexity (Optimum fp32 ONNX export)")
 
     def info(self) -> dict[str, Any]:
-        import optimum.onnxruntime  # noqa: F401
-        import onnxruntime
-        import transformers
         from importlib.metadata import version
+
+        import onnxruntime  # type: ignore[import-untyped]
+        import transformers
 
         return {"runtime": f"optimum-onnx {version('optimum-onnx')}, onnxruntime {onnxruntime.__version__}, "
                            f"transformers {transformers.__version__}", "model": str(self.export)}

@@ -95,7 +95,7 @@ class ServerBackend(Backend):
         return onnx_quality(self.spec.model_dir)
 
     def info(self) -> dict[str, Any]:
-        import onnxruntime_genai as og
+        import onnxruntime_genai as og  # type: ignore[import-untyped]
 
         return {"runtime": f"ortserve serve (uvicorn) on onnxruntime-genai {og.__version__}",
                 "model": self.spec.model_dir, "url": self.url}
