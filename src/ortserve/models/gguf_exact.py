@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -119,6 +119,13 @@ def unsupported_tensors(weights: GGUFWeights) -> dict[str, str]:
             if qt not in SUPPORTED:
                 out[name] = qt
     return out
+
+
+def exact_precision(weights: GGUFWeights) -> str:
+    """The variant's precision label: the file's most common matrix block type (``q4_1``)."""
+    kinds = Counter(weights.qtype(n) for n in weights.tensors
+                    if n.startswith("blk.") and len(weights.tensors[n].shape) == 2)
+    return kinds.most_common(1)[0][0].lower() if kinds else "gguf"
 
 
 def preflight(gguf_path: Path) -> GGUFWeights:
@@ -378,7 +385,7 @@ def import_gguf_exact(gguf_path: Path, out_dir: Path, work_dir: Path, *, hf_dir:
     Leaves the dequantized HF weights in ``work_dir/hf`` and the fp32 reference build in
     ``work_dir/fp32`` (the caller measures reference perplexity there, then deletes it).
     Raises UnsupportedBlockType before any work if the file has no exact form, and
-    ModelError if the result is not exact.
+    ModelError if the result is not exact (``out_dir`` is then unusable: discard it).
     """
     say = progress or (lambda _m: None)
     weights = preflight(Path(gguf_path))
@@ -389,7 +396,6 @@ def import_gguf_exact(gguf_path: Path, out_dir: Path, work_dir: Path, *, hf_dir:
     ref = convert.build_onnx(hf, work_dir / "fp32", precision="fp32", progress=progress)
     check = logit_check(out_dir, ref)
     if check["fp32_compute"] > LOGIT_TOL:
-        shutil.rmtree(out_dir, ignore_errors=True)
         raise ModelError(f"exactness check failed: logits differ from the fp32 reference by "
                          f"{check['fp32_compute']:.3g} (relative; tolerance {LOGIT_TOL:g})")
     types: dict[str, int] = {}

@@ -168,13 +168,27 @@ def _reference(store: ModelStore, model: str, hf: Path, precision: str, device: 
 
 # ---- imports ------------------------------------------------------------------
 
-def import_gguf(store: ModelStore, gguf: Path, model_id: str, *, precision: str = DEFAULT_PRECISION,
+def import_gguf(store: ModelStore, gguf: Path, model_id: str, *, precision: str | None = None,
                 device: str = "cpu", options: dict[str, Any] | None = None,
-                progress: Progress | None = None, aliases: list[str] | None = None) -> Variant:
-    """GGUF -> (dequantized) HF weights -> ONNX GenAI variant, installed atomically."""
+                progress: Progress | None = None, aliases: list[str] | None = None,
+                requantize: str | None = None) -> Variant:
+    """GGUF -> ONNX GenAI variant, installed atomically.
+
+    With neither ``requantize`` nor ``precision`` (its older name), a CPU import keeps the
+    file's own quantized blocks (gguf_exact: variant ``q4_1-cpu`` etc.); a precision
+    dequantizes and re-quantizes with the builder, as does a file whose block types have no
+    exact form (reported through ``progress``).
+    """
     validate_name(model_id)
     gguf = Path(gguf).resolve()
     check_gguf(gguf)  # bounds-checked header + architecture, before transformers reads it
+    precision = requantize or precision
+    if precision is None:
+        exact = _exact_plan(gguf, device, progress)
+        if exact is not None:
+            return store.install(model_id, variant_name(exact, device),
+                                 lambda tmp: _build_exact(store, gguf, model_id, tmp, progress, aliases))
+        precision = DEFAULT_PRECISION
 
     def build(tmp: Path) -> dict[str, Any]:
         work = tmp.with_name(tmp.name + ".hf")
@@ -188,6 +202,41 @@ def import_gguf(store: ModelStore, gguf: Path, model_id: str, *, precision: str 
         return {**fields, "source": f"gguf:{gguf}", "aliases": aliases or []}
 
     return store.install(model_id, variant_name(precision, device, options), build)
+
+
+def _exact_plan(gguf: Path, device: str, progress: Progress | None) -> str | None:
+    """The exact variant's precision label, or None (with the reason said) to re-quantize."""
+    from ortserve.models import gguf_exact
+
+    say = progress or (lambda _m: None)
+    if device != "cpu":
+        say(f"exact GGUF import targets CPU; re-quantizing to {DEFAULT_PRECISION} for {device}")
+        return None
+    try:
+        return gguf_exact.exact_precision(gguf_exact.preflight(gguf))
+    except gguf_exact.UnsupportedBlockType as exc:
+        say(f"{exc}; re-quantizing to {DEFAULT_PRECISION} instead (choose with --requantize)")
+        return None
+
+
+def _build_exact(store: ModelStore, gguf: Path, model_id: str, tmp: Path, progress: Progress | None,
+                 aliases: list[str] | None) -> dict[str, Any]:
+    from ortserve.models import gguf_exact
+
+    work = tmp.with_name(tmp.name + ".hf")
+    work.mkdir()
+    try:
+        report = gguf_exact.import_gguf_exact(gguf, tmp, work, progress=progress)
+        ref_dir = Path(report.pop("reference_dir"))
+        ref = known_reference(store, model_id) or float(perplexity(ref_dir)["perplexity"])
+        shutil.rmtree(work, ignore_errors=True)   # before measuring speed: free the fp32 copy
+        if progress:
+            progress("measuring perplexity and speed")
+        fields = {"precision": gguf_exact.exact_precision(gguf_exact.preflight(gguf)), "device": "cpu",
+                  **genai_facts(tmp), **measure(tmp, "cpu", ref)}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return {**fields, "notes": {"gguf_exact": report}, "source": f"gguf:{gguf}", "aliases": aliases or []}
 
 
 def import_hf_dir(store: ModelStore, hf_dir: Path, model_id: str, *, precision: str = DEFAULT_PRECISION,

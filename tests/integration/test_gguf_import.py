@@ -1,0 +1,38 @@
+"""GGUF imports through the store: exact by default, re-quantized on request or when a block
+type has no exact form (with a message saying so)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("gguf")
+sys.path.insert(0, str(Path(__file__).parent))
+
+from test_gguf_exact import uniform, write_tiny_gguf  # noqa: E402
+
+from ortserve.models.importer import import_gguf  # noqa: E402
+from ortserve.models.store import ModelStore  # noqa: E402
+
+
+def test_default_gguf_import_is_exact(tmp_path: Path) -> None:
+    store = ModelStore(tmp_path / "store")
+    said: list[str] = []
+    v = import_gguf(store, write_tiny_gguf(tmp_path / "t.gguf", uniform("Q4_1")), "tiny", progress=said.append)
+    assert (v.variant, v.precision) == ("q4_1-cpu", "q4_1")
+    exact = v.notes["gguf_exact"]
+    assert exact["max_weight_error"] < 1e-6 and exact["logit_error"]["fp32_compute"] < 2e-3
+    assert abs(v.quality["delta_pct"]) < 1.0 and v.quality["reference_perplexity"] > 1
+    assert any("GGUF blocks" in m for m in said)
+    assert [x.variant for x in store.find("tiny")] == ["q4_1-cpu"]
+
+
+def test_unsupported_block_type_falls_back_to_requantizing(tmp_path: Path) -> None:
+    store = ModelStore(tmp_path / "store")
+    said: list[str] = []
+    path = write_tiny_gguf(tmp_path / "q2k.gguf", [{**uniform("Q4_0")[0], "ffn_down": "Q2_K"}])
+    v = import_gguf(store, path, "tiny-q2k", progress=said.append)
+    assert v.variant == "int8-cpu" and "gguf_exact" not in v.notes
+    assert any("Q2_K" in m and "re-quantizing to int8" in m for m in said), said
