@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import socket
@@ -144,3 +145,29 @@ def test_pull_offline_in_a_subprocess(tmp_path: Path) -> None:
         assert len(p.stderr.strip().splitlines()) == 1
         assert time.monotonic() - t0 < 20
     assert not list((tmp_path / "home").glob("models/*--*"))
+
+
+class _Tty(io.StringIO):
+    def __init__(self, tty: bool) -> None:
+        super().__init__()
+        self.tty = tty
+
+    def isatty(self) -> bool:
+        return self.tty
+
+
+@pytest.mark.parametrize("tty", [True, False])
+def test_progress_only_on_a_terminal(tty: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ortserve.cli.models import Progress
+
+    monkeypatch.setenv("TQDM_DISABLE", "0")
+    monkeypatch.delenv("TQDM_DISABLE")  # recorded, so teardown restores the real state
+    err = _Tty(tty)
+    monkeypatch.setattr(sys, "stderr", err)
+    with Progress("importing x") as progress:
+        progress("building int8 for cpu")
+    if tty:
+        assert "importing x" in err.getvalue() and "building int8 for cpu" in err.getvalue()
+    else:
+        assert err.getvalue() == ""
+        assert os.environ.get("TQDM_DISABLE") == "1"  # silences transformers' and the builder's bars too

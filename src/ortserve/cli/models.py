@@ -64,9 +64,13 @@ class Progress:
     def __init__(self, title: str) -> None:
         self.bar = None
         if sys.stderr.isatty():
+            import shutil
+
             from tqdm import tqdm
 
-            self.bar = tqdm(total=None, desc=title, file=sys.stderr, leave=False,
+            size = shutil.get_terminal_size((80, 20))  # a 0x0 pty (some CI, `script`) hides the bar
+            self.bar = tqdm(total=None, desc=title, file=sys.stderr, leave=False, ncols=size.columns,
+                            nrows=size.lines,
                             bar_format="{desc} [{elapsed}]")
         else:  # quiet: also the bars of transformers and the builder (tqdm reads TQDM_DISABLE)
             os.environ.setdefault("TQDM_DISABLE", "1")
