@@ -25,7 +25,7 @@ def write_files(tmp: Path, payload: bytes = b"weights" * 100) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("bad", ["..", "../x", "a/b", "a\\b", "/abs", "C:\\x", "", "Upper", "a..b",
-                                 ".hidden", "x" * 65, "a b"])
+                                 ".hidden", "x" * 65, "a b", "a--b"])
 def test_bad_ids_are_refused(bad: str) -> None:
     with pytest.raises(StoreError, match="invalid model id"):
         validate_name(bad)
@@ -177,3 +177,16 @@ def test_model_id_from_path() -> None:
     with pytest.raises(StoreError) as info:
         importer.model_id_from_path(Path("..."))
     assert "--id" in info.value.one_line()
+
+
+def test_leftovers_of_killed_installs_are_swept_but_not_other_variants_work(tmp_path: Path) -> None:
+    store = ModelStore(tmp_path / "models")
+    work = tmp_path / "models" / ".tmp"
+    work.mkdir(parents=True)
+    mine = ["m--int8-cpu.123.0badc0de", "m--int8-cpu.123.0badc0de.hf", ".m--int8-cpu.123.0badc0de.cache",
+            "m--int8-cpu.old.0badc0de"]
+    others = ["m--int8-cpu.x.9.0badc0de", "m--int8-cpu-b64.5.0badc0de"]
+    for name in mine + others:
+        (work / name).mkdir()
+    store.install("m", "int8-cpu", write_files)
+    assert sorted(p.name for p in work.iterdir()) == sorted(others)

@@ -74,7 +74,8 @@ def variant_name(precision: str, device: str, options: dict[str, Any] | None = N
 def model_id_from_path(path: Path) -> str:
     """A valid model id from a file or directory name (``SmolLM2-135M.Q4_1.gguf`` -> ``smollm2-135m.q4_1``)."""
     stem = path.name[:-5] if path.name.lower().endswith(".gguf") else path.name
-    mid = re.sub(r"[^a-z0-9._-]+", "-", stem.lower()).strip("-._")[:64].replace("..", ".")
+    mid = re.sub(r"[^a-z0-9._-]+", "-", stem.lower())
+    mid = re.sub(r"\.{2,}", ".", re.sub(r"-{2,}", "-", mid)).strip("-._")[:64].strip("-._")
     if not mid:
         raise StoreError(f"cannot derive a model id from {path.name!r}", hint="pass --id NAME")
     return validate_name(mid)

@@ -36,9 +36,10 @@ _VARIANT_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,31}$")
 
 def validate_name(name: str, what: str = "model id") -> str:
     """Model ids and variant names: lowercase letters, digits, '.', '_', '-'; no paths."""
-    if not isinstance(name, str) or not _ID_RE.match(name) or ".." in name:
+    # '--' joins model and variant in directory names, so it may not appear inside either
+    if not isinstance(name, str) or not _ID_RE.match(name) or ".." in name or "--" in name:
         raise StoreError(f"invalid {what} {name!r}: use lowercase letters, digits, '.', '_' and '-' "
-                         "(no path separators, no '..')", param="model")
+                         "(no path separators, no '..' or '--')", param="model")
     return name
 
 
@@ -229,8 +230,11 @@ class ModelStore:
         """Remove leftovers of killed installs of ``name``; we hold its lock, so none is live."""
         tmp_root = self.root / ".tmp"
         if tmp_root.is_dir():
+            # <name>.<pid>.<rand>[.hf|.ref], the builder's .<name>.<pid>.<rand>.cache, and the
+            # <name>.old|rm.<rand> trash of a replace/remove; never another variant's work
+            mine = re.compile(rf"^\.?{re.escape(name)}\.(\d+|old|rm)\.[0-9a-f]{{8}}(\.[a-z]+)?$")
             for d in tmp_root.iterdir():
-                if d.name.startswith(f"{name}."):
+                if mine.match(d.name):
                     shutil.rmtree(d, ignore_errors=True)
 
 
