@@ -7,6 +7,7 @@ The export is cached next to the Hugging Face directory.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,38 @@ class FirstTokenClock:
         pass
 
 
+def _rope(model_dir: Path) -> object:
+    try:
+        return json.loads((model_dir / "config.json").read_text()).get("rope_theta")
+    except (OSError, ValueError):
+        return None
+
+
+def v4_source(hf_dir: Path) -> Path:
+    """The Hugging Face dir as transformers 4.x reads it.
+
+    transformers 5 saves RoPE settings under ``rope_parameters`` and leaves a stale top-level
+    ``rope_theta`` (10000) that 4.x would use: SmolLM2's is 100000, so an export from the
+    saved config computes wrong positions (perplexity 24.5 instead of 22.6). This writes a
+    config with the real values next to links to the weights.
+    """
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    rope = cfg.get("rope_parameters") or {}
+    if "rope_theta" not in rope:
+        return hf_dir
+    cfg["rope_theta"] = rope["rope_theta"]
+    if rope.get("rope_type", "default") != "default":
+        cfg["rope_scaling"] = {k: v for k, v in rope.items() if k != "rope_theta"}
+    out = Path(str(hf_dir).rstrip("/") + "-transformers4")
+    out.mkdir(exist_ok=True)
+    for f in hf_dir.iterdir():
+        link = out / f.name
+        if f.name != "config.json" and f.is_file() and not link.exists():
+            link.symlink_to(f.resolve())
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    return out
+
+
 class OptimumBackend(Backend):
     batches = True
 
@@ -43,9 +76,10 @@ class OptimumBackend(Backend):
         if not spec.hf_dir or not (Path(spec.hf_dir) / "config.json").is_file():
             raise FileNotFoundError(f"no Hugging Face model at {spec.hf_dir}")
         self.torch = torch
+        source = v4_source(Path(spec.hf_dir))
         self.export = Path(str(spec.hf_dir).rstrip("/") + "-optimum-onnx")
-        if not (self.export / "model.onnx").is_file():
-            model = ORTModelForCausalLM.from_pretrained(spec.hf_dir, export=True, use_cache=True)
+        if _rope(self.export) != _rope(source) or not (self.export / "model.onnx").is_file():
+            model = ORTModelForCausalLM.from_pretrained(str(source), export=True, use_cache=True)
             model.save_pretrained(str(self.export))
             del model
         self.model = ORTModelForCausalLM.from_pretrained(str(self.export), use_cache=True)
