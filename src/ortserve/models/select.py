@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ortserve.errors import ModelError, NotFound
 from ortserve.models.catalog import CATALOG, DEFAULT_MODEL, DEFAULT_PRECISION
@@ -118,3 +119,10 @@ def choose(candidates: list[Variant], device: str) -> tuple[Variant, str]:
     basis = "within the quality budget" if within else "no variant has measured quality within budget"
     return best, prefix + (f"{best.variant}: preferred precision for {device} is "
                            f"{' > '.join(order)} ({basis}{quality}; no speed measurements to compare)")
+
+
+def resolve_model_dir(ref: str | None, settings: Any, progress: Any = None) -> tuple[Path, str]:
+    """Kept for callers that import it from here (engine/llm.py); lives in models/locate.py."""
+    from ortserve.models.locate import resolve_model_dir as locate
+
+    return locate(ref, settings, progress)
