@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import sys
@@ -140,9 +141,10 @@ def builder_variants(hf: Path, work: Path, ref: float) -> dict[str, Any]:
 
     out = {}
     for p in ("int4", "int8"):
+        shutil.rmtree(work / p, ignore_errors=True)
         d = convert.build_onnx(hf, work / p, precision=p)
         ppl = perplexity(d)["perplexity"]
-        out[p] = {"dir": d, "perplexity": round(ppl, 4), "delta_pct": round(100 * (ppl / ref - 1), 3)}
+        out[p] = {"perplexity": round(ppl, 4), "delta_pct": round(100 * (ppl / ref - 1), 3)}
     return out
 
 
@@ -155,6 +157,7 @@ def main() -> None:
     ap.add_argument("--prompt-tokens", type=int, default=256)
     ap.add_argument("--builders", action="store_true", help="also the builder's int4/int8 re-quantizations")
     ap.add_argument("--work", type=Path, help="work dir to keep (default: a temp dir, removed)")
+    ap.add_argument("--reuse", action="store_true", help="reuse the import and builds already in --work")
     args = ap.parse_args()
 
     from ortserve.models.catalog import embedded_gguf
@@ -164,33 +167,44 @@ def main() -> None:
     work = args.work or Path(tempfile.mkdtemp(prefix="ortserve-gguf-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
-        exact = work / "exact"
-        shutil.rmtree(exact, ignore_errors=True)
-        t0 = time.monotonic()
-        report = import_gguf_exact(gguf, exact, work, progress=say)
-        import_s = time.monotonic() - t0
-        ref_dir = Path(report.pop("reference_dir"))
-        say("measuring perplexity")
-        q = quality(exact, ref_dir)
-        result: dict[str, Any] = {"gguf": gguf.name, "threads": args.threads, "import_seconds": round(import_s, 1),
-                                  "exact_import": report, "perplexity": q}
+        exact, saved = work / "exact", work / "exact-report.json"
+        if args.reuse and saved.is_file():
+            report, q, import_s = json.loads(saved.read_text()).values()
+        else:
+            shutil.rmtree(exact, ignore_errors=True)
+            t0 = time.monotonic()
+            report = import_gguf_exact(gguf, exact, work, progress=say)
+            import_s = time.monotonic() - t0
+            ref_dir = Path(report.pop("reference_dir"))
+            say("measuring perplexity")
+            q = quality(exact, ref_dir)
+            saved.write_text(json.dumps({"report": report, "quality": q, "seconds": import_s}))
+        result: dict[str, Any] = {"gguf": gguf.name, "threads": args.threads, "cpus": os.cpu_count(),
+                                  "import_seconds": round(import_s, 1), "exact_import": report, "perplexity": q}
         runners: dict[str, Any] = {}
         set_threads(exact, args.threads)
         ort_exact = OrtRunner(exact)
         runners["ortserve_exact"] = ort_exact.run
         if args.builders:
-            for name, b in builder_variants(work / "hf", work, q["reference_fp32"]).items():
-                set_threads(b.pop("dir"), args.threads)
-                q[f"builder_{name}"] = b
+            built = {k.removeprefix("builder_"): v for k, v in q.items() if k.startswith("builder_")}
+            if not (args.reuse and built):
+                built = builder_variants(work / "hf", work, q["reference_fp32"])
+            for name, b in built.items():
+                set_threads(work / name, args.threads)
+                q[f"builder_{name}"] = {k: v for k, v in b.items() if k != "dir"}
                 runners[f"builder_{name}"] = OrtRunner(work / name).run
+            saved.write_text(json.dumps({"report": report, "quality": q, "seconds": import_s}))
         prompt = ort_exact.encode(PROMPT * (args.prompt_tokens // 8 + 8))[:args.prompt_tokens]
         try:
             runners["llama_cpp"] = LlamaCppRunner(gguf, args.threads, args.prompt_tokens + args.new_tokens + 64).run
         except ImportError:
             result["llama_cpp"] = {"skipped": f"llama-cpp-python is not installed ({INSTALL_LLAMA})"}
         say(f"speed: {args.rounds} rounds, prompt {len(prompt)} tokens, {args.new_tokens} new tokens")
+        load_before = os.getloadavg()[0]
         sp = speed(runners, prompt, args.new_tokens, args.rounds)
         result["speed"] = sp
+        # Other processes on the machine skew both engines (llama.cpp's spinning OpenMP threads most).
+        result["load_average_1min"] = {"before": round(load_before, 2), "after": round(os.getloadavg()[0], 2)}
         result["bars"] = bars(q, sp)
         print(json.dumps(result, indent=2))
     finally:
