@@ -178,3 +178,8 @@ def test_pull_the_default_reuses_an_installed_variant(home: Path) -> None:
     r = run("pull", "smollm2", "--json")  # by alias; no conversion, no network
     assert r.exit_code == 0, r.output
     assert json.loads(r.output)["id"] == "smollm2-135m:int8-cpu"
+
+
+def test_requantize_and_precision_must_agree(home: Path, tmp_path: Path) -> None:
+    r = run("import", str(tmp_path), "--requantize", "int4", "--precision", "int8")
+    assert r.exit_code == 2 and "disagree" in r.output

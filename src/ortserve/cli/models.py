@@ -234,21 +234,28 @@ def show_cmd(ref: str, device: str | None, as_json: bool) -> None:
 @click.argument("path", type=click.Path(path_type=str))
 @click.option("--id", "model_id", default=None, help="Model id (default: from the file/dir name).")
 @click.option("--link", is_flag=True, help="ONNX dirs: reference the files in place instead of copying.")
+@click.option("--requantize", type=click.Choice(["fp32", "int8", "int4"]), default=None,
+              help="GGUF: dequantize and rebuild at this precision instead of keeping the file's blocks.")
 @quant_options_decorator
 @json_option
 @handles_errors
-def import_cmd(path: str, model_id: str | None, link: bool, precision: str | None, device: str,
-               block_size: str | None, algo: str | None, last_matmul: str | None,
+def import_cmd(path: str, model_id: str | None, link: bool, requantize: str | None, precision: str | None,
+               device: str, block_size: str | None, algo: str | None, last_matmul: str | None,
                accuracy_level: int | None, as_json: bool) -> None:
-    """Import a .gguf file, a Hugging Face model dir, or an ONNX GenAI dir."""
+    """Import a .gguf file, a Hugging Face model dir, or an ONNX GenAI dir.
+
+    A GGUF keeps its quantized blocks (exact import) unless --requantize/--precision is given;
+    a Hugging Face dir is built at --precision (default int8 on cpu).
+    """
     from pathlib import Path
 
-    from ortserve.models.catalog import DEFAULT_PRECISION
     from ortserve.models.importer import import_path
 
+    if requantize and precision and requantize != precision:
+        raise click.UsageError("--requantize and --precision disagree; give one")
     opts = _options(block_size, algo, last_matmul, accuracy_level)
     with Progress(f"importing {Path(path).name}") as progress:
-        v = import_path(_store(), Path(path), model_id=model_id, precision=precision or DEFAULT_PRECISION,
+        v = import_path(_store(), Path(path), model_id=model_id, precision=requantize or precision,
                         device=device, options=opts, link=link, progress=progress)
     _report_install(v, as_json)
 

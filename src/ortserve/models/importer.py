@@ -287,10 +287,14 @@ def import_onnx_dir(store: ModelStore, src: Path, model_id: str, *, link: bool =
 
 
 def import_path(store: ModelStore, path: Path, *, model_id: str | None = None,
-                precision: str = DEFAULT_PRECISION, device: str = "cpu",
+                precision: str | None = None, device: str = "cpu",
                 options: dict[str, Any] | None = None, link: bool = False,
                 progress: Progress | None = None) -> Variant:
-    """Import a .gguf file, a Hugging Face directory or an ONNX GenAI directory, by what it is."""
+    """Import a .gguf file, a Hugging Face directory or an ONNX GenAI directory, by what it is.
+
+    ``precision`` None means: a GGUF keeps its own quantized blocks where it can (exact
+    import), a Hugging Face directory is built at the default precision.
+    """
     path = Path(path).expanduser()
     mid = validate_name(model_id) if model_id else None
     if path.is_file():
@@ -306,8 +310,8 @@ def import_path(store: ModelStore, path: Path, *, model_id: str | None = None,
     if (path / "genai_config.json").is_file():
         return import_onnx_dir(store, path, mid or model_id_from_path(path), link=link, progress=progress)
     if (path / "config.json").is_file():
-        return import_hf_dir(store, path, mid or model_id_from_path(path), precision=precision, device=device,
-                             options=options, progress=progress)
+        return import_hf_dir(store, path, mid or model_id_from_path(path), precision=precision or DEFAULT_PRECISION,
+                             device=device, options=options, progress=progress)
     raise ModelError(f"{path} has no genai_config.json (ONNX GenAI) and no config.json (Hugging Face)",
                      hint="point import at a .gguf file, a Hugging Face model dir or an ONNX GenAI model dir")
 
