@@ -14,8 +14,8 @@ import pytest
 
 gguf = pytest.importorskip("gguf")
 
-from ortserve.models.gguf_exact import LOGIT_TOL, import_gguf_exact, logit_check  # noqa: E402
-from ortserve.models.gguf_reader import UnsupportedBlockType  # noqa: E402
+from ortserve.models.gguf_exact import LOGIT_TOL, import_gguf_exact, logit_check
+from ortserve.models.gguf_reader import UnsupportedBlockType
 
 Q = gguf.GGMLQuantizationType
 HIDDEN, FFN, LAYERS, HEADS, KV_HEADS = 256, 512, 2, 4, 2

@@ -11,10 +11,10 @@ import pytest
 pytest.importorskip("gguf")
 sys.path.insert(0, str(Path(__file__).parent))
 
-from test_gguf_exact import uniform, write_tiny_gguf  # noqa: E402
+from test_gguf_exact import uniform, write_tiny_gguf
 
-from ortserve.models.importer import import_gguf  # noqa: E402
-from ortserve.models.store import ModelStore  # noqa: E402
+from ortserve.models.importer import import_gguf
+from ortserve.models.store import ModelStore
 
 
 def test_default_gguf_import_is_exact(tmp_path: Path) -> None:

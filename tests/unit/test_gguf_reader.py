@@ -10,9 +10,9 @@ import pytest
 
 gguf = pytest.importorskip("gguf")
 
-from ortserve.errors import ModelError  # noqa: E402
-from ortserve.models.gguf_exact import GGUFWeights, pack_codes  # noqa: E402
-from ortserve.models.gguf_reader import SUPPORTED, UnsupportedBlockType, concat_rows, decode  # noqa: E402
+from ortserve.errors import ModelError
+from ortserve.models.gguf_exact import GGUFWeights, pack_codes
+from ortserve.models.gguf_reader import SUPPORTED, UnsupportedBlockType, concat_rows, decode
 
 Q = gguf.GGMLQuantizationType
 ROWS, COLS = 6, 512

@@ -20,9 +20,10 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -57,7 +58,7 @@ class GGUFWeights:
     tensors: dict[str, Any] = field(default_factory=dict)   # name -> gguf ReaderTensor
 
     @classmethod
-    def open(cls, path: Path) -> "GGUFWeights":
+    def open(cls, path: Path) -> GGUFWeights:
         import gguf
 
         reader = gguf.GGUFReader(str(path))
@@ -158,7 +159,7 @@ class HFWeights:
         from safetensors import safe_open
 
         self._files = [safe_open(str(p), framework="np") for p in sorted(Path(hf_dir).glob("*.safetensors"))]
-        self.keys = {k: f for f in self._files for k in f.keys()}
+        self.keys = {k: f for f in self._files for k in f.keys()}  # noqa: SIM118 (safe_open is not iterable)
 
     def get(self, name: str) -> np.ndarray:
         if name not in self.keys:

@@ -16,6 +16,7 @@ of two such products, rounded once to float32. Byte lengths are checked before a
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -56,11 +57,11 @@ class ExactForm:
             w += self.offsets[:, :, None]
         return w.reshape(n, k)
 
-    def take_rows(self, rows: np.ndarray) -> "ExactForm":
+    def take_rows(self, rows: np.ndarray) -> ExactForm:
         off = None if self.offsets is None else self.offsets[rows]
         return ExactForm(self.codes[rows], self.scales[rows], off, self.bits, self.group)
 
-    def widened(self, bits: int, group: int) -> "ExactForm":
+    def widened(self, bits: int, group: int) -> ExactForm:
         """The same weights with more bits per code and/or smaller groups (both exact)."""
         if bits < self.bits or group > self.group or self.group % group:
             raise ValueError(f"cannot narrow {self.bits}-bit/{self.group} to {bits}-bit/{group}")
@@ -109,7 +110,11 @@ def _k_scale_min(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return sc.astype(np.float32), mn.astype(np.float32)
 
 
-def _decode_blocks(qtype: str, b: np.ndarray) -> tuple[np.ndarray, ...]:
+# (codes [n, W], scales [n, G], offsets [n, G] or None, bits) for n blocks of W weights
+Decoded = tuple[Any, Any, Any, int]
+
+
+def _decode_blocks(qtype: str, b: np.ndarray) -> Decoded:
     """blocks [n, bytes] -> (codes [n, W], scales [n, G], offsets [n, G] | None, bits)."""
     if qtype == "Q4_0":
         return _nibbles(b[:, 2:]), _f16(b[:, 0:2])[:, None], None, 4
@@ -138,11 +143,10 @@ def _decode_blocks(qtype: str, b: np.ndarray) -> tuple[np.ndarray, ...]:
         q = ((ql & 0x0F).reshape(-1, 8, 32) | ((qh & 1) << 4)).reshape(-1, 256)
         return q + 128, scale, (-minimum).astype(np.float32), 8
     if qtype == "Q6_K":                           # d*sc*(q-32), 16 weights per scale
-        ql = b[:, 0:128].reshape(-1, 2, 1, 64) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)
-        ql = (ql & 0x0F).reshape(-1, 8, 32)
-        qh = b[:, 128:192].reshape(-1, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)
-        qh = (qh & 0x03).reshape(-1, 8, 32)
-        q = (ql | (qh << 4)).reshape(-1, 256)
+        lo = b[:, 0:128].reshape(-1, 2, 1, 64) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)
+        q6l = (lo & 0x0F).reshape(-1, 8, 32)
+        hi = b[:, 128:192].reshape(-1, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)
+        q = (q6l | ((hi & 0x03).reshape(-1, 8, 32) << 4)).reshape(-1, 256)
         sc = b[:, 192:208].view(np.int8).astype(np.float32)
         return q + 96, _f16(b[:, 208:210])[:, None] * sc, None, 8
     raise UnsupportedBlockType(f"GGML type {qtype} has no exact MatMulNBits form")
