@@ -178,13 +178,14 @@ def test_sigterm_drains_in_flight_then_exits(tiny_model: Path, tmp_path: Path) -
                     break
             except httpx.HTTPError:
                 time.sleep(0.2)
-        body = {"messages": MSG, "stream": True, "max_tokens": 300, "min_tokens": 300, "temperature": 0}
+        body = {"messages": MSG, "stream": True, "max_tokens": 2000, "min_tokens": 2000, "temperature": 0}
         pieces = []
         with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=60) as resp:
             lines = resp.iter_lines()
             pieces.append(next(line for line in lines if line.startswith("data: ")))
             proc.send_signal(signal.SIGTERM)
-            time.sleep(0.3)
+            while httpx.get(f"{url}/healthz", timeout=10).json()["status"] != "draining":
+                time.sleep(0.01)
             late = httpx.post(f"{url}/v1/chat", json={"messages": MSG}, timeout=10)
             assert late.status_code == 503 and late.json()["error"]["code"] == "unavailable"
             pieces += [line for line in lines if line.startswith("data: ")]

@@ -14,7 +14,7 @@ from ortserve.engine.runner import ModelSpec, Runner
 from ortserve.engine.runtime import DeviceChoice, candidates, session_options
 from ortserve.engine.sequence import Sequence
 from ortserve.engine.tokenizer import TextCodec
-from ortserve.errors import ContextLengthExceeded, InvalidRequest, ModelError, Overloaded
+from ortserve.errors import ContextLengthExceeded, InvalidRequest, ModelError, Overloaded, require_genai
 from ortserve.types import EngineStats, GenerationOutput, SamplingParams, TokenEvent
 
 log = logging.getLogger("ortserve.engine")
@@ -24,6 +24,7 @@ class LoadedModel:
     """A model directory loaded for serving: spec, tokenizer, runner and the device it runs on."""
 
     def __init__(self, model_dir: Path, settings: Any = None, model_id: str | None = None) -> None:
+        require_genai()  # the builder's models and their genai_config come from onnxruntime-genai
         model_dir = Path(model_dir)
         if not model_dir.is_dir():
             raise ModelError(f"model directory {model_dir} does not exist",
@@ -39,11 +40,14 @@ class LoadedModel:
 
     def _load(self, settings: Any, slots: int) -> tuple[Runner, DeviceChoice]:
         so = session_options(settings, self.spec.session_options)
-        errors = []
-        for choice in candidates(getattr(settings, "device", "auto")):
+        errors: list[str] = []
+        options = candidates(getattr(settings, "device", "auto"))
+        for i, choice in enumerate(options):
             try:
                 runner = Runner(self.spec, slots=slots, providers=[choice.provider], session_options=so)
             except ModelError as exc:
+                if i == len(options) - 1 and not errors:
+                    raise  # nothing to fall back to: the error as it is
                 errors.append(f"{choice.device}: {exc.message}")
                 log.warning("device %s failed to load %s: %s; trying the next", choice.device, self.id,
                             exc.message)

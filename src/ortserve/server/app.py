@@ -20,6 +20,7 @@ from ortserve.engine import AsyncEngine
 from ortserve.errors import OrtServeError, PayloadTooLarge, Unauthorized, Unavailable
 from ortserve.server import routes_openai, routes_seed
 from ortserve.server.state import ServerState
+from ortserve.telemetry import Telemetry, TelemetryMiddleware
 
 log = logging.getLogger("ortserve.server")
 KNOWN_ROUTES = {"/healthz", "/metrics", "/v1/chat", "/v1/chat/stream", "/v1/chat/completions",
@@ -35,9 +36,11 @@ def create_app(settings: Settings, *, engine: AsyncEngine | None = None, model_d
                model_id: str | None = None) -> FastAPI:
     """An app serving ``engine``, or the model at ``model_dir`` loaded in the background."""
     state = ServerState(settings=settings, engine=engine, model_dir=str(model_dir or ""))
+    state.telemetry = Telemetry.from_settings(settings)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state.telemetry.install_logging()
         loader = asyncio.ensure_future(_load(state, model_dir, model_id)) if engine is None else None
         if engine is not None:
             await _started(state, engine)
@@ -68,6 +71,8 @@ def create_app(settings: Settings, *, engine: AsyncEngine | None = None, model_d
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["*"],
                            allow_headers=["*"])
     app.add_middleware(GuardMiddleware, state=state)
+    app.add_middleware(TelemetryMiddleware, telemetry=state.telemetry,
+                       route_of=lambda path: path if path in KNOWN_ROUTES else "other")
     return app
 
 
@@ -89,6 +94,8 @@ async def _started(state: ServerState, engine: AsyncEngine) -> None:
     await engine.start()
     state.engine = engine
     state.metrics.bind(engine.stats)
+    if state.telemetry is not None:
+        state.telemetry.observe_engine(engine.stats, model=engine.model_id)
 
 
 async def _load(state: ServerState, model_dir: Path | None, model_id: str | None) -> None:

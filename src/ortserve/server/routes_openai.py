@@ -17,6 +17,7 @@ from ortserve.server.protocol import ChatCompletionRequest, CompletionRequest
 from ortserve.server.routes_seed import state_of
 from ortserve.server.service import GenerationFailed, collect, submit_n, usage
 from ortserve.server.sse import SSE_HEADERS, merge, sse, unless_disconnected
+from ortserve.telemetry import span_of
 from ortserve.types import SamplingParams
 
 router = APIRouter()
@@ -48,17 +49,19 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     st = state_of(request)
     engine = st.ready_engine()
     model = check_model(engine, body.model)
+    span = span_of(request)
+    span.set(model=model, provider="local", execution_provider=engine.model.choice.device)
     params = body.to_sampling_params(st.settings.default_max_tokens, st.settings.max_tokens_cap,
                                      body.effective_max_tokens())
     handles = submit_n(engine, body.n, params, messages=body.plain_messages())
     rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        chunks = _chat_chunks(st, handles, rid, created, model, include_usage)
+        chunks = _chat_chunks(st, handles, rid, created, model, include_usage, span)
         return StreamingResponse(chunks, media_type="text/event-stream", headers=SSE_HEADERS)
     answers = await unless_disconnected(request, asyncio.gather(*(collect(h) for h in handles)))
     for a in answers:
-        st.metrics.observe(a.metrics)
+        st.record(span, a.metrics, a.finish_reason)
     return {"id": rid, "object": "chat.completion", "created": created, "model": model,
             "system_fingerprint": None,
             "choices": [{"index": i, "message": {"role": "assistant", "content": a.text},
@@ -67,7 +70,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
 
 
 async def _chat_chunks(st: Any, handles: list[RequestHandle], rid: str, created: int, model: str,
-                       include_usage: bool) -> AsyncIterator[str]:
+                       include_usage: bool, span: Any) -> AsyncIterator[str]:
     base = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
             "system_fingerprint": None}
     extra = {"usage": None} if include_usage else {}
@@ -83,7 +86,7 @@ async def _chat_chunks(st: Any, handles: list[RequestHandle], rid: str, created:
             yield sse({**base, "choices": [{"index": i, "delta": {"content": ev.text}, "logprobs": None,
                                             "finish_reason": None}], **extra})
         if ev.finished:
-            st.metrics.observe(ev.metrics)
+            st.record(span, ev.metrics, ev.finish_reason)
             finals.append(ev.metrics)
             yield sse({**base, "choices": [{"index": i, "delta": {}, "logprobs": None,
                                             "finish_reason": ev.finish_reason}], **extra})
@@ -97,6 +100,8 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
     st = state_of(request)
     engine = st.ready_engine()
     model = check_model(engine, body.model)
+    span = span_of(request)
+    span.set(model=model, provider="local", execution_provider=engine.model.choice.device)
     params: SamplingParams = body.to_sampling_params(st.settings.default_max_tokens, st.settings.max_tokens_cap)
     prompts = body.prompts()
     handles: list[RequestHandle] = []
@@ -113,11 +118,11 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return StreamingResponse(_completion_chunks(st, handles, rid, created, model, include_usage, echo,
-                                                    prompt_tokens),
+                                                    prompt_tokens, span),
                                  media_type="text/event-stream", headers=SSE_HEADERS)
     answers = await unless_disconnected(request, asyncio.gather(*(collect(h) for h in handles)))
     for a in answers:
-        st.metrics.observe(a.metrics)
+        st.record(span, a.metrics, a.finish_reason)
     return {"id": rid, "object": "text_completion", "created": created, "model": model,
             "choices": [{"index": i, "text": echo[i] + a.text, "logprobs": None, "finish_reason": a.finish_reason}
                         for i, a in enumerate(answers)],
@@ -125,7 +130,8 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
 
 
 async def _completion_chunks(st: Any, handles: list[RequestHandle], rid: str, created: int, model: str,
-                             include_usage: bool, echo: list[str], prompt_tokens: int) -> AsyncIterator[str]:
+                             include_usage: bool, echo: list[str], prompt_tokens: int,
+                             span: Any) -> AsyncIterator[str]:
     base = {"id": rid, "object": "text_completion", "created": created, "model": model}
     extra = {"usage": None} if include_usage else {}
     for i, prefix in enumerate(echo):
@@ -140,7 +146,7 @@ async def _completion_chunks(st: Any, handles: list[RequestHandle], rid: str, cr
             yield sse({**base, "choices": [{"index": i, "text": ev.text, "logprobs": None,
                                             "finish_reason": ev.finish_reason if ev.finished else None}], **extra})
         if ev.finished:
-            st.metrics.observe(ev.metrics)
+            st.record(span, ev.metrics, ev.finish_reason)
             finals.append(ev.metrics)
     if include_usage:
         yield sse({**base, "choices": [], "usage": usage(prompt_tokens, finals)})

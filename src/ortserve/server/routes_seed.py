@@ -12,6 +12,7 @@ from ortserve.server.protocol import SeedChatRequest
 from ortserve.server.service import collect
 from ortserve.server.sse import SSE_HEADERS, sse, unless_disconnected
 from ortserve.server.state import ServerState
+from ortserve.telemetry import span_of
 
 router = APIRouter()
 
@@ -52,9 +53,11 @@ async def chat(body: SeedChatRequest, request: Request) -> dict[str, Any]:
     st = state_of(request)
     engine = st.ready_engine()
     params = body.to_sampling_params(st.settings.default_max_tokens, st.settings.max_tokens_cap)
+    span = span_of(request)
+    span.set(model=engine.model_id, provider="local", execution_provider=engine.model.choice.device)
     handle = engine.submit(messages=body.plain_messages(), params=params)
     answer = await unless_disconnected(request, collect(handle))
-    st.metrics.observe(answer.metrics)
+    st.record(span, answer.metrics, answer.finish_reason)
     return {"content": answer.text, "finish_reason": answer.finish_reason, "metrics": answer.metrics.to_dict()}
 
 
@@ -63,6 +66,8 @@ async def chat_stream(body: SeedChatRequest, request: Request) -> StreamingRespo
     st = state_of(request)
     engine = st.ready_engine()
     params = body.to_sampling_params(st.settings.default_max_tokens, st.settings.max_tokens_cap)
+    span = span_of(request)
+    span.set(model=engine.model_id, provider="local", execution_provider=engine.model.choice.device)
     handle = engine.submit(messages=body.plain_messages(), params=params)
 
     async def events() -> AsyncIterator[str]:
@@ -73,7 +78,7 @@ async def chat_stream(body: SeedChatRequest, request: Request) -> StreamingRespo
             if ev.text:
                 yield sse({"token": ev.text})
             if ev.finished:
-                st.metrics.observe(ev.metrics)
+                st.record(span, ev.metrics, ev.finish_reason)
                 yield sse({"done": True, "token": "[DONE]", "finish_reason": ev.finish_reason,
                            "metrics": ev.metrics.to_dict() if ev.metrics else None})
 

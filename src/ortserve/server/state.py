@@ -24,6 +24,11 @@ class ServerState:
     router: Any = None
     telemetry: Any = None
 
+    def record(self, span: Any, metrics: Any, finish_reason: str | None) -> None:
+        """A finished generation, into Prometheus and the request's telemetry span."""
+        self.metrics.observe(metrics)
+        span.add_result(metrics, finish_reason)
+
     def ready_engine(self) -> AsyncEngine:
         if self.draining:
             raise Unavailable("the server is shutting down")

@@ -1,0 +1,123 @@
+"""The CLI in a subprocess on the tiny model: ask, info, config, chat (pty), devices, clear errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import select
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+CLI = [sys.executable, "-m", "ortserve.cli.main"]
+
+
+def run(args: list[str], tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
+    e = {**os.environ, "ORTSERVE_HOME": str(tmp_path / "home"), **env}
+    return subprocess.run(CLI + args, capture_output=True, text=True, env=e, timeout=300, cwd=tmp_path)
+
+
+def test_ask_text_and_json(tiny_model: Path, tmp_path: Path) -> None:
+    r = run(["ask", "What is ONNX?", "Name a colour.", "--model", str(tiny_model), "--max-tokens", "12",
+             "--temperature", "0"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "RESULTS" in r.stdout and "Question 1: What is ONNX?" in r.stdout and "Question 2: Name a colour." in r.stdout
+    assert r.stdout.count("Tokens: ") == 2
+    r = run(["ask", "What is ONNX?", "Name a colour.", "--model", str(tiny_model), "--max-tokens", "12",
+             "--temperature", "0", "--json"], tmp_path)
+    data = json.loads(r.stdout)
+    assert [x["question"] for x in data["results"]] == ["What is ONNX?", "Name a colour."]
+    assert all(0 < x["tokens"] <= 12 and x["answer"] for x in data["results"])
+    assert all(x["metrics"]["ttft"] > 0 for x in data["results"])
+
+
+def test_info_json_and_config(tmp_path: Path) -> None:
+    r = run(["info", "--json"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    info = json.loads(r.stdout)
+    for key in ("os", "cpu", "ram_gb", "gpus", "onnxruntime", "onnxruntime_genai", "providers", "store",
+                "selected_device", "auto_variant"):
+        assert key in info
+    assert info["cpu"]["logical_cores"] >= 1 and isinstance(info["cpu"]["simd"], list)
+    assert info["selected_device"]["device"] == "cpu"  # auto picks CPU on this machine
+    assert "CPUExecutionProvider" in info["providers"]
+    r = run(["config"], tmp_path, ORTSERVE_MAX_QUEUE="17")
+    assert r.returncode == 0 and "max_queue" in r.stdout and "17" in r.stdout and "GENAI_MODEL_DIR" in r.stdout
+    data = json.loads(run(["config", "--json"], tmp_path, PORT="8123").stdout)
+    assert {s["name"]: s["value"] for s in data["settings"]}["port"] == 8123
+
+
+def test_unavailable_device_names_the_package(tiny_model: Path, tmp_path: Path) -> None:
+    for device, package in (("cuda", "onnxruntime-genai-cuda"), ("dml", "onnxruntime-genai-directml")):
+        r = run(["ask", "hi", "--model", str(tiny_model), "--device", device], tmp_path)
+        assert r.returncode == 1 and package in r.stderr and "Traceback" not in r.stderr
+        assert r.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("breakage,expected", [
+    ("missing", "does not exist"), ("no_config", "genai_config.json"), ("no_onnx", "model.onnx"),
+    ("no_tokenizer", "tokenizer.json"), ("corrupt", "cannot load"),
+])
+def test_broken_model_dirs_fail_in_one_line(tiny_model: Path, tmp_path: Path, breakage: str, expected: str) -> None:
+    d = tmp_path / "model"
+    if breakage != "missing":
+        shutil.copytree(tiny_model, d)
+    if breakage == "no_config":
+        (d / "genai_config.json").unlink()
+    elif breakage == "no_onnx":
+        (d / "model.onnx").unlink()
+    elif breakage == "no_tokenizer":
+        (d / "tokenizer.json").unlink()
+    elif breakage == "corrupt":
+        (d / "model.onnx").write_bytes(b"\x00garbage" * 100)
+    r = run(["ask", "hi"], tmp_path, GENAI_MODEL_DIR=str(d))
+    assert r.returncode == 1 and expected in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and r.stderr.count("\n") == 1
+
+
+def test_genai_missing_gives_the_seed_message(tiny_model: Path, tmp_path: Path) -> None:
+    code = ("import sys; sys.modules['onnxruntime_genai'] = None; from ortserve.cli.main import cli; "
+            f"cli(['ask', 'hi', '--model', {str(tiny_model)!r}], prog_name='ortserve')")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "ORTSERVE_HOME": str(tmp_path)})
+    assert r.returncode == 1 and "onnxruntime-genai not installed" in r.stderr and "pip install" in r.stderr
+
+
+def test_chat_in_a_terminal(tiny_model: Path, tmp_path: Path) -> None:
+    pid, fd = pty.fork()
+    if pid == 0:  # child: the CLI on a real pseudo-terminal
+        os.environ["ORTSERVE_HOME"] = str(tmp_path)
+        os.execv(sys.executable, CLI + ["chat", "--model", str(tiny_model), "--max-tokens", "8",
+                                        "--temperature", "0"])
+    out = b""
+
+    def read_until(marker: bytes, timeout: float = 120) -> bytes:
+        nonlocal out
+        deadline = time.monotonic() + timeout
+        while marker not in out and time.monotonic() < deadline:
+            ready, _, _ = select.select([fd], [], [], 0.5)
+            if ready:
+                try:
+                    out += os.read(fd, 4096)
+                except OSError:
+                    break
+        return out
+
+    assert b">>> " in read_until(b">>> ")
+    start = len(out)
+    os.write(fd, b"Hello there\n")
+    read_until(b">>> ", 60) if out.count(b">>> ") > 1 else None
+    while out.count(b">>> ") < 2:
+        read_until(b">>> ")
+    answer = out[start:].split(b"Hello there", 1)[-1]
+    assert answer.replace(b">>> ", b"").strip()  # something was streamed back
+    os.write(fd, b"/reset\n")
+    assert b"history cleared" in read_until(b"history cleared")
+    os.write(fd, b"/exit\n")
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
