@@ -3,9 +3,10 @@
     .venv/bin/python benchmarks/variants.py            # JSON on stdout
     .venv/bin/python benchmarks/variants.py --markdown # plus the docs/models.md table on stderr
 
-Builds fp32, int8, int4 and int4 k_quant with an int8 LM head from the embedded
-SmolLM2-135M-Instruct GGUF, through the same code the store uses (convert.build_onnx,
-quality.perplexity on the shipped held-out text, speed.decode_tps via og.Generator).
+Builds fp32, int8, int4, int4 k_quant with an int8 LM head, and the exact import of the
+GGUF's own Q4_1 blocks, from the embedded SmolLM2-135M-Instruct GGUF, through the same code
+the store uses (convert.build_onnx, gguf_exact, quality.perplexity on the shipped held-out
+text, speed.decode_tps via og.Generator).
 Takes a few minutes on 2 cores; nothing is written to the model store.
 """
 
@@ -20,6 +21,10 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+# Running a script puts benchmarks/ first on sys.path, where benchmarks/gguf.py would shadow
+# the gguf package that transformers imports: drop it.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 from ortserve.models import convert
 from ortserve.models.catalog import DEFAULT_PRECISION, embedded_gguf
@@ -39,18 +44,33 @@ def dir_size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-def run(work: Path, tokens: int, repeats: int) -> dict[str, Any]:
+def build_exact(hf: Path, work: Path) -> tuple[str, Path]:
+    """The GGUF's own blocks mapped onto MatMulNBits (issue 10, models/gguf_exact.py)."""
+    from ortserve.models import gguf_exact
+
+    gguf = embedded_gguf()
+    name = variant_name(gguf_exact.exact_precision(gguf_exact.preflight(gguf)), "cpu")
+    out = work / name
+    gguf_exact.import_gguf_exact(gguf, out, work / "exact-work", hf_dir=hf)
+    return name, out
+
+
+def run(work: Path, tokens: int, repeats: int, exact: bool) -> dict[str, Any]:
     hf = convert.gguf_to_hf(embedded_gguf(), work / "hf")
     rows: list[dict[str, Any]] = []
-    for precision, options in VARIANTS:
-        name = variant_name(precision, "cpu", options)
-        out = work / name
+    plan: list[tuple[str, dict[str, Any]]] = VARIANTS + ([("exact", {})] if exact else [])
+    for precision, options in plan:
         t0 = time.monotonic()
-        convert.build_onnx(hf, out, precision=precision, device="cpu", options=options)
+        if precision == "exact":
+            name, out = build_exact(hf, work)
+        else:
+            name = variant_name(precision, "cpu", options)
+            out = work / name
+            convert.build_onnx(hf, out, precision=precision, device="cpu", options=options)
         build_s = time.monotonic() - t0
         ppl = perplexity(out)
         speed = decode_tps(out, tokens=tokens, repeats=repeats)
-        rows.append({"variant": name, "precision": precision, "options": options,
+        rows.append({"variant": name, "precision": name.split("-")[0], "options": options,
                      "size_mb": round(dir_size(out) / 1e6, 1), "perplexity": round(ppl["perplexity"], 3),
                      "tokens_scored": ppl["tokens"], "decode_tps": speed["decode_tps"],
                      "build_s": round(build_s, 1)})
@@ -82,13 +102,14 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per variant (best is kept)")
     ap.add_argument("--keep", type=Path, default=None, help="build into this dir and keep it")
     ap.add_argument("--markdown", action="store_true", help="also print the table (stderr)")
+    ap.add_argument("--no-exact", action="store_true", help="skip the exact GGUF-block variant")
     args = ap.parse_args()
     if args.keep:
         args.keep.mkdir(parents=True, exist_ok=True)
-        result = run(args.keep, args.tokens, args.repeats)
+        result = run(args.keep, args.tokens, args.repeats, not args.no_exact)
     else:
         with tempfile.TemporaryDirectory(prefix="ortserve-variants-") as tmp:
-            result = run(Path(tmp), args.tokens, args.repeats)
+            result = run(Path(tmp), args.tokens, args.repeats, not args.no_exact)
     print(json.dumps(result, indent=2))
     if args.markdown:
         print(markdown(result), file=sys.stderr)
