@@ -49,6 +49,8 @@ def create_app(settings: Settings, *, engine: AsyncEngine | None = None, model_d
         finally:
             if loader is not None:
                 loader.cancel()
+            if state.router is not None:
+                await state.router.aclose()
             if state.engine is not None:
                 await state.engine.stop()
             if state.telemetry is not None:
@@ -94,6 +96,9 @@ async def _started(state: ServerState, engine: AsyncEngine) -> None:
     await engine.start()
     state.engine = engine
     state.metrics.bind(engine.stats)
+    from ortserve.router.router import Router
+
+    state.router = Router.from_settings(state.settings, local=engine)
     if state.telemetry is not None:
         state.telemetry.observe_engine(engine.stats, model=engine.model_id)
 

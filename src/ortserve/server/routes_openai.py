@@ -14,6 +14,7 @@ from ortserve.engine import AsyncEngine, RequestHandle
 from ortserve.errors import NotFound
 from ortserve.models.catalog import CATALOG
 from ortserve.server.protocol import ChatCompletionRequest, CompletionRequest
+from ortserve.server.routes_routed import routed_chat, wants_router
 from ortserve.server.routes_seed import state_of
 from ortserve.server.service import GenerationFailed, collect, submit_n, usage
 from ortserve.server.sse import SSE_HEADERS, merge, sse, unless_disconnected
@@ -40,16 +41,21 @@ def check_model(engine: AsyncEngine, requested: str | None) -> str:
 async def models(request: Request) -> dict[str, Any]:
     st = state_of(request)
     engine = st.ready_engine()
-    return {"object": "list", "data": [{"id": engine.model_id, "object": "model", "created": int(st.started),
-                                        "owned_by": "ortserve", "context_length": engine.context_length}]}
+    data = [{"id": engine.model_id, "object": "model", "created": int(st.started), "owned_by": "ortserve",
+             "context_length": engine.context_length}]
+    if st.router is not None and len(st.router.providers) > 1:  # cloud providers configured
+        data.append({"id": "auto", "object": "model", "created": int(st.started), "owned_by": "ortserve-router"})
+    return {"object": "list", "data": data}
 
 
 @router.post("/v1/chat/completions", response_model=None)
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
     st = state_of(request)
     engine = st.ready_engine()
-    model = check_model(engine, body.model)
     span = span_of(request)
+    if wants_router(st, body.model, engine.model_id):
+        return await routed_chat(body, request, st, span)
+    model = check_model(engine, body.model)
     span.set(model=model, provider="local", execution_provider=engine.model.choice.device)
     params = body.to_sampling_params(st.settings.default_max_tokens, st.settings.max_tokens_cap,
                                      body.effective_max_tokens())
