@@ -121,3 +121,13 @@ def test_chat_in_a_terminal(tiny_model: Path, tmp_path: Path) -> None:
     os.write(fd, b"/exit\n")
     _, status = os.waitpid(pid, 0)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
+
+def test_ask_through_the_router(tiny_model: Path, tmp_path: Path) -> None:
+    r = run(["ask", "Is this private?", "--model", str(tiny_model), "--provider", "local", "--max-tokens", "6",
+             "--json"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)["results"][0]
+    assert res["provider"] == "local" and res["local"] is True and res["tokens"] <= 6
+    r = run(["ask", "hi", "--model", str(tiny_model), "--provider", "anthropic"], tmp_path)
+    assert r.returncode == 1 and "anthropic" in r.stderr and "Traceback" not in r.stderr

@@ -40,14 +40,21 @@ def messages_for(question: str, system: str | None) -> list[dict[str, str]]:
 @model_options
 @sampling_options
 @click.option("--json", "as_json", is_flag=True, help="Print results as JSON")
+@click.option("--provider", default=None,
+              help="Answer through the router: local, auto, or a provider from the routing config")
+@click.option("--router-config", default=None, help="Routing config file (JSON/TOML)")
 @guarded
-def ask(questions: tuple[str, ...], as_json: bool, **kw: Any) -> None:
+def ask(questions: tuple[str, ...], as_json: bool, provider: str | None, router_config: str | None,
+        **kw: Any) -> None:
     """Answer one or more questions in one batch, with a progress bar."""
     from ortserve.engine import LLM
 
-    settings = settings_from(**pop_model_flags(kw))
+    settings = settings_from(**pop_model_flags(kw), router_config=router_config)
     system = kw.pop("system")
     params = params_from(kw)
+    if provider is not None:
+        _ask_routed(questions, provider, settings, params, system, as_json)
+        return
     with LLM(load_model(settings), settings) as llm:
         outs = llm.generate([messages_for(q, system) for q in questions], params, progress=not as_json)
         model_id = llm.engine.model_id
@@ -60,6 +67,36 @@ def ask(questions: tuple[str, ...], as_json: bool, **kw: Any) -> None:
     for i, (q, o) in enumerate(zip(questions, outs), 1):
         click.echo(f"📝 Question {i}: {q}\n💬 Answer: {o.text.strip()}\n📊 Tokens: {o.metrics.output_tokens}"
                    f"  ({o.metrics.output_tokens_per_second:.1f} tok/s, TTFT {1000 * (o.metrics.ttft or 0):.0f} ms)")
+        click.echo(RULE)
+
+
+def _ask_routed(questions: tuple[str, ...], provider: str, settings: Any, params: SamplingParams,
+                system: str | None, as_json: bool) -> None:
+    import asyncio
+
+    from ortserve.providers.base import ChatRequest
+    from ortserve.router.router import Router
+
+    async def answer_all() -> list[Any]:
+        router = Router.from_settings(settings)
+        try:
+            pin = None if provider == "auto" else provider
+            return list(await asyncio.gather(*(router.chat(ChatRequest(
+                messages=messages_for(q, system), params=params, provider=pin)) for q in questions)))
+        finally:
+            await router.aclose()
+
+    results = asyncio.run(answer_all())
+    if as_json:
+        echo_json({"results": [{"question": q, "answer": r.text, "tokens": r.usage.completion_tokens,
+                                "finish_reason": r.finish_reason, **r.metadata()}
+                               for q, r in zip(questions, results)]})
+        return
+    click.echo(f"{RULE}\nRESULTS (routed)\n{RULE}")
+    for i, (q, r) in enumerate(zip(questions, results), 1):
+        cost = "free" if not r.cost_usd else f"${r.cost_usd:.6f}"
+        click.echo(f"📝 Question {i}: {q}\n💬 Answer: {r.text.strip()}\n📊 Tokens: {r.usage.completion_tokens}"
+                   f"  via {r.provider} ({r.model}), {cost} — {r.reason}")
         click.echo(RULE)
 
 
