@@ -29,7 +29,7 @@ class GenerationError(OrtServeError):
 class LLM:
     def __init__(self, model: str | Path | LoadedModel, settings: Any = None) -> None:
         if not isinstance(model, LoadedModel):
-            from ortserve.models.select import resolve_model_dir
+            from ortserve.models.locate import resolve_model_dir
 
             model_dir, model_id = resolve_model_dir(str(model), settings)
             model = LoadedModel(model_dir, settings, model_id)

@@ -107,7 +107,7 @@ def build_onnx(hf_dir: Path, out_dir: Path, *, precision: str = "int8", device: 
     say = progress or (lambda _m: None)
     say(f"building {precision} for {device}")
     t0 = time.monotonic()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, preexec_fn=_die_with_parent)
     shutil.rmtree(cache, ignore_errors=True)
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
@@ -115,6 +115,15 @@ def build_onnx(hf_dir: Path, out_dir: Path, *, precision: str = "int8", device: 
     copy_tokenizer_files(hf_dir, out_dir)
     say(f"built in {time.monotonic() - t0:.1f}s")
     return out_dir
+
+
+def _die_with_parent() -> None:
+    """Linux: the builder gets SIGKILL when its parent dies, so a killed import leaves no orphan."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def _opt(v: Any) -> str:

@@ -120,9 +120,3 @@ def choose(candidates: list[Variant], device: str) -> tuple[Variant, str]:
     return best, prefix + (f"{best.variant}: preferred precision for {device} is "
                            f"{' > '.join(order)} ({basis}{quality}; no speed measurements to compare)")
 
-
-def resolve_model_dir(ref: str | None, settings: Any, progress: Any = None) -> tuple[Path, str]:
-    """Kept for callers that import it from here (engine/llm.py); lives in models/locate.py."""
-    from ortserve.models.locate import resolve_model_dir as locate
-
-    return locate(ref, settings, progress)
