@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from ortserve.errors import ModelError, NotFound
 from ortserve.models.catalog import CATALOG, DEFAULT_MODEL, DEFAULT_PRECISION
