@@ -32,7 +32,7 @@ class ServerThread:
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.url = f"http://127.0.0.1:{self.port}"
 
-    def __enter__(self) -> "ServerThread":
+    def __enter__(self) -> ServerThread:
         self.thread.start()
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -44,7 +44,7 @@ class ServerThread:
             time.sleep(0.1)
         raise RuntimeError("server did not become healthy")
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.server.should_exit = True
         self.thread.join(30)
 

@@ -39,7 +39,7 @@ def test_stop_matcher_cuts_across_deltas() -> None:
 def test_sampling_greedy_seeded_topk_topp() -> None:
     logits = np.log(np.array([0.05, 0.6, 0.3, 0.05], dtype=np.float32))
     assert sample(logits, SamplingParams(temperature=0), np.random.default_rng(0)) == 1
-    draws = lambda p, seed: [sample(logits, p, np.random.default_rng(seed)) for _ in range(1)]  # noqa: E731
+    draws = lambda p, seed: [sample(logits, p, np.random.default_rng(seed)) for _ in range(1)]
     p = SamplingParams(temperature=1.0, seed=1)
     assert draws(p, 1) == draws(p, 1)
     rng = np.random.default_rng(0)

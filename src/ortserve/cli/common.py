@@ -5,7 +5,8 @@ from __future__ import annotations
 import functools
 import json
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import click
 
@@ -38,7 +39,7 @@ def settings_from(**flags: Any) -> Settings:
     try:
         return load_settings(**flags)
     except ValueError as exc:  # pydantic ValidationError is a ValueError
-        errors = getattr(exc, "errors", lambda: [])()
+        errors = getattr(exc, "errors", list)()
         if errors:
             e = errors[0]
             fail(f"invalid setting {'.'.join(str(x) for x in e.get('loc', ()))}: {e.get('msg')}")

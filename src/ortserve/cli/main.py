@@ -11,10 +11,15 @@ from typing import Any
 import click
 
 from ortserve import __version__
-from ortserve.cli.common import (echo_json, guarded, load_model, model_options, pop_model_flags,
-                                 progress_printer, settings_from)
-from ortserve.cli.talk import ask, chat
+from ortserve.cli.common import (
+    guarded,
+    model_options,
+    pop_model_flags,
+    progress_printer,
+    settings_from,
+)
 from ortserve.cli.system import config_command, info
+from ortserve.cli.talk import ask, chat
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

@@ -3,4 +3,4 @@
 from ortserve.engine.engine import AsyncEngine, LoadedModel, RequestHandle
 from ortserve.engine.llm import LLM
 
-__all__ = ["AsyncEngine", "LLM", "LoadedModel", "RequestHandle"]
+__all__ = ["LLM", "AsyncEngine", "LoadedModel", "RequestHandle"]

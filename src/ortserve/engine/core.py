@@ -11,7 +11,6 @@ import collections
 import logging
 import threading
 import time
-from typing import Deque
 
 import numpy as np
 
@@ -28,13 +27,13 @@ class EngineCore:
         self.runner = runner
         self.eos = set(runner.spec.eos_token_ids)
         self.max_prefill_tokens = max_prefill_tokens
-        self.waiting: Deque[Sequence] = collections.deque()
+        self.waiting: collections.deque[Sequence] = collections.deque()
         self.running: list[Sequence] = []
         self._cond = threading.Condition()
         self._aborts: set[str] = set()
         self._stop = False
         self._thread: threading.Thread | None = None
-        self._recent: Deque[tuple[float, int]] = collections.deque()
+        self._recent: collections.deque[tuple[float, int]] = collections.deque()
         self.total_requests = 0
         self.total_output_tokens = 0
         self.prefill_tokens = 0

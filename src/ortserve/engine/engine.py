@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
 from ortserve.engine.core import EngineCore
 from ortserve.engine.detokenize import IncrementalDetokenizer
@@ -67,7 +68,7 @@ class AsyncEngine:
         self.max_queue = int(getattr(settings, "max_queue", 1 << 30))
 
     @classmethod
-    def load(cls, model_dir: Path, settings: Any = None, model_id: str | None = None) -> "AsyncEngine":
+    def load(cls, model_dir: Path, settings: Any = None, model_id: str | None = None) -> AsyncEngine:
         return cls(LoadedModel(model_dir, settings, model_id), settings)
 
     # ---- facts ------------------------------------------------------------
@@ -119,7 +120,7 @@ class AsyncEngine:
         return ids, params
 
     def submit(self, *, prompt: str | None = None, messages: list[dict[str, Any]] | None = None,
-               params: SamplingParams | None = None, request_id: str | None = None) -> "RequestHandle":
+               params: SamplingParams | None = None, request_id: str | None = None) -> RequestHandle:
         ids, params = self.prepare(prompt=prompt, messages=messages, params=params)
         if len(self.core.waiting) >= self.max_queue:
             raise Overloaded(f"the queue is full ({self.max_queue} requests waiting); retry shortly")

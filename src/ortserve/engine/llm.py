@@ -10,8 +10,10 @@ from __future__ import annotations
 import queue
 import sys
 import uuid
+from collections.abc import Iterator
+from collections.abc import Sequence as Seq
 from pathlib import Path
-from typing import Any, Iterator, Sequence as Seq
+from typing import Any
 
 from ortserve.engine.detokenize import IncrementalDetokenizer
 from ortserve.engine.engine import AsyncEngine, LoadedModel
@@ -40,10 +42,10 @@ class LLM:
     def close(self) -> None:
         self.core.stop()
 
-    def __enter__(self) -> "LLM":
+    def __enter__(self) -> LLM:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def _submit(self, prompt: Prompt, params: SamplingParams | None, sink: Any) -> str:

@@ -39,7 +39,7 @@ class ModelSpec:
     session_options: dict[str, Any]
 
     @classmethod
-    def read(cls, model_dir: Path) -> "ModelSpec":
+    def read(cls, model_dir: Path) -> ModelSpec:
         cfg_path = model_dir / "genai_config.json"
         if not cfg_path.is_file():
             raise ModelError(f"{model_dir} has no genai_config.json",

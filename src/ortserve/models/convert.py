@@ -12,8 +12,9 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ortserve.errors import DependencyMissing, ModelError
 

@@ -67,4 +67,4 @@ def perplexity(model_dir: Path, text: str | None = None, window: int = 512) -> d
     if len(ids) < 2:
         raise ModelError("perplexity needs at least two tokens of text")
     lp = token_logprobs(model_dir, ids, window)
-    return {"perplexity": float(np.exp(-lp.mean())), "tokens": int(len(lp))}
+    return {"perplexity": float(np.exp(-lp.mean())), "tokens": len(lp)}

@@ -6,8 +6,8 @@ import asyncio
 import contextlib
 import hmac
 import logging
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, AsyncIterator
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -112,7 +112,7 @@ async def _load(state: ServerState, model_dir: Path | None, model_id: str | None
     except OrtServeError as exc:
         state.load_error = exc.one_line()
         log.error("model failed to load: %s", state.load_error)
-    except Exception as exc:  # noqa: BLE001 - report any load failure on /healthz
+    except Exception as exc:
         state.load_error = f"{type(exc).__name__}: {exc}"
         log.exception("model failed to load")
 
