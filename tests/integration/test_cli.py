@@ -96,10 +96,10 @@ def test_chat_in_a_terminal(tiny_model: Path, tmp_path: Path) -> None:
                                         "--temperature", "0"])
     out = b""
 
-    def read_until(marker: bytes, timeout: float = 120) -> bytes:
+    def read_until(done, timeout: float = 120) -> bytes:
         nonlocal out
         deadline = time.monotonic() + timeout
-        while marker not in out and time.monotonic() < deadline:
+        while not done(out) and time.monotonic() < deadline:
             ready, _, _ = select.select([fd], [], [], 0.5)
             if ready:
                 try:
@@ -108,16 +108,15 @@ def test_chat_in_a_terminal(tiny_model: Path, tmp_path: Path) -> None:
                     break
         return out
 
-    assert b">>> " in read_until(b">>> ")
+    assert b">>> " in read_until(lambda o: b">>> " in o)
     start = len(out)
     os.write(fd, b"Hello there\n")
-    read_until(b">>> ", 60) if out.count(b">>> ") > 1 else None
-    while out.count(b">>> ") < 2:
-        read_until(b">>> ")
-    answer = out[start:].split(b"Hello there", 1)[-1]
-    assert answer.replace(b">>> ", b"").strip()  # something was streamed back
+    read_until(lambda o: o.count(b">>> ") >= 2)  # the answer streams, then the next prompt
+    assert out.count(b">>> ") >= 2
+    answer = out[start:].split(b"Hello there", 1)[-1].replace(b">>> ", b"")
+    assert answer.strip()  # something was streamed back
     os.write(fd, b"/reset\n")
-    assert b"history cleared" in read_until(b"history cleared")
+    assert b"history cleared" in read_until(lambda o: b"history cleared" in o)
     os.write(fd, b"/exit\n")
     _, status = os.waitpid(pid, 0)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
