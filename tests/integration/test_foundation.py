@@ -28,3 +28,17 @@ def test_default_model_is_imported_with_quality(default_model: Path) -> None:
 def test_serving_import_leaves_torch_out() -> None:
     code = "import sys, ortserve.server, ortserve.engine; sys.exit(1 if 'torch' in sys.modules else 0)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_second_run_reuses_the_stored_model(default_model: Path) -> None:
+    import time
+
+    from ortserve.config import load_settings
+    from ortserve.models.locate import resolve_model_dir
+
+    created = json.loads((default_model / "ortserve.json").read_text())["created"]
+    t0 = time.monotonic()
+    path, model_id = resolve_model_dir(None, load_settings())
+    assert path == default_model and model_id == "smollm2-135m"
+    assert time.monotonic() - t0 < 5  # no conversion
+    assert json.loads((default_model / "ortserve.json").read_text())["created"] == created
