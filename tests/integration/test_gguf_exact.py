@@ -60,8 +60,8 @@ def write_tiny_gguf(path: Path, types: list[dict[str, str]], *, embd: str = "Q8_
             w.add_key_value(key, f.contents(), f.types[0], sub_type=f.types[-1] if len(f.types) > 1 else None)
 
     def add(name: str, qtype: str, rows: int, cols: int) -> None:
-        if qtype == "F32":
-            w.add_tensor(name, rng.normal(0, 0.05, (rows, cols)).astype(np.float32))
+        if qtype in ("F32", "F16"):
+            w.add_tensor(name, rng.normal(0, 0.05, (rows, cols)).astype(np.float32 if qtype == "F32" else np.float16))
         else:
             w.add_tensor(name, quantized_bytes(rng, qtype, rows, cols), raw_dtype=Q[qtype])
 
@@ -131,6 +131,19 @@ def test_mixed_types_with_tied_embedding_with_minimums(tmp_path: Path) -> None:
 def test_k_quants_with_untied_head(tmp_path: Path) -> None:
     report = assert_exact(tmp_path, write_tiny_gguf(tmp_path / "b.gguf", MIXED_B, embd="F32", output="Q6_K"))
     assert report["gguf_types"]["Q6_K"] == 2 * LAYERS + 1
+
+
+def test_float_matrices_and_tied_float_head_become_plain_matmuls(tmp_path: Path) -> None:
+    """Files that keep some matrices in F16/F32 stay exact: those nodes are fp32 MatMuls."""
+    import onnx
+
+    types = [{"attn_q": "Q4_0", "attn_k": "Q4_1", "attn_v": "F16", "attn_output": "F32",
+              "ffn_gate": "Q8_0", "ffn_up": "F16", "ffn_down": "Q4_0"}]
+    report = assert_exact(tmp_path, write_tiny_gguf(tmp_path / "f.gguf", types, embd="F16"))
+    assert report["gguf_types"]["F16"] == 2 * LAYERS + 1
+    ops = [n.op_type for n in onnx.load(str(tmp_path / "exact" / "model.onnx"), load_external_data=False).graph.node]
+    assert "GatherBlockQuantized" not in ops and "Transpose" in ops
+    assert ops.count("MatMulNBits") == 2 * LAYERS       # o_proj is F32, qkv/up hold F16 parts
 
 
 def test_unsupported_block_type_is_refused_before_any_work(tmp_path: Path) -> None:

@@ -42,6 +42,8 @@ MODULES = {
     "mlp/gate_up_proj": ("ffn_gate", "ffn_up"), "mlp/gate_proj": ("ffn_gate",),
     "mlp/up_proj": ("ffn_up",), "mlp/down_proj": ("ffn_down",),
 }
+# Matrices the file keeps in float: they become plain fp32 MatMuls (exact, just larger).
+FLOAT_TYPES = ("F32", "F16", "BF16")
 _LAYER_NODE = re.compile(r"^/model/layers\.(\d+)/(\w+/\w+)/MatMul")
 WEIGHT_RTOL = 1e-6        # patched weight vs dequantized reference, relative to max |w|
 LOGIT_TOL = 2e-3          # fp32-compute logits vs fp32 reference, relative to max |logit|
@@ -82,6 +84,18 @@ class GGUFWeights:
         perm = self.row_permutation(name, rows)
         return f if perm is None else f.take_rows(perm)
 
+    def dense(self, name: str) -> np.ndarray:
+        """float64 [rows, cols] of any matrix, quantized or float, rows as transformers has them."""
+        import gguf
+
+        t = self.tensors[name]
+        if self.qtype(name) not in FLOAT_TYPES:
+            return self.form(name).dequantize()
+        cols, rows = (int(x) for x in t.shape[:2])
+        w = gguf.quants.dequantize(t.data, t.tensor_type).reshape(rows, cols).astype(np.float64)
+        perm = self.row_permutation(name, rows)
+        return w if perm is None else w[perm]
+
     def row_permutation(self, name: str, rows: int) -> np.ndarray | None:
         """llama.cpp stores Q/K rows interleaved for its RoPE; transformers undoes it on load."""
         if not ARCHITECTURES[self.arch] or not re.search(r"\.attn_[qk]\.weight$", name):
@@ -117,7 +131,7 @@ def unsupported_tensors(weights: GGUFWeights) -> dict[str, str]:
     for name in weights.tensors:
         if re.search(r"(^output|\.attn_[qkvo]\w*|\.ffn_(gate|up|down))\.weight$", name) or name == "output.weight":
             qt = weights.qtype(name)
-            if qt not in SUPPORTED:
+            if qt not in SUPPORTED and qt not in FLOAT_TYPES:
                 out[name] = qt
     return out
 
@@ -167,10 +181,9 @@ class HFWeights:
         return self.keys[name].get_tensor(name)
 
 
-def weight_error(form: ExactForm, names: tuple[str, ...], ref: HFWeights, tied: bool) -> float:
+def weight_error(got: np.ndarray, names: tuple[str, ...], ref: HFWeights, tied: bool) -> float:
     """Max |w_exact - w_reference| / max |w_reference| over the rows of one node."""
     want = np.concatenate([ref.get(hf_weight_name(n, tied)).astype(np.float64) for n in names])
-    got = form.dequantize()
     if got.shape != want.shape:
         raise ModelError(f"{'+'.join(names)}: shape {got.shape} vs reference {want.shape}")
     return float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
@@ -195,7 +208,7 @@ class GraphPatch:
         self.nodes: list[Any] = []
         self.blocksums: dict[tuple[str, int], str] = {}
         self.report: list[dict[str, Any]] = []
-        self.lm_head: tuple[str, ExactForm] | None = None     # (old B name, form)
+        self.lm_head: tuple[str, ExactForm | str] | None = None   # (old B, form or dense [K, V] name)
 
     def run(self) -> list[dict[str, Any]]:
         graph = self.model.graph
@@ -224,17 +237,13 @@ class GraphPatch:
         names = gguf_tensor_names(node.name, self.weights)
         if names is None:
             raise ModelError(f"no GGUF weight maps to builder node {node.name}")
-        form = concat_rows([self.weights.form(n) for n in names])
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-        if form.codes.shape != (attrs["N"], attrs["K"]):
-            raise ModelError(f"{node.name}: GGUF shape {form.codes.shape} vs graph N={attrs['N']} K={attrs['K']}")
-        err = weight_error(form, names, self.ref, self.tied)
-        self.report.append({"node": node.name, "gguf": [self.weights.qtype(n) for n in names],
-                            "bits": form.bits, "group": form.group, "offsets": form.offsets is not None,
-                            "weight_error": err})
-        if err > WEIGHT_RTOL:
-            raise ModelError(f"exactness check failed: {node.name} differs from the dequantized reference "
-                             f"by {err:.3g} (relative, tolerance {WEIGHT_RTOL:g})")
+        if any(self.weights.qtype(n) in FLOAT_TYPES for n in names):
+            self.patch_dense(node, names, attrs)
+            return
+        form = concat_rows([self.weights.form(n) for n in names])
+        self.check(node, names, attrs, form.dequantize(), bits=form.bits, group=form.group,
+                   offsets=form.offsets is not None)
         base = node.input[1].rsplit(".weight", 1)[0]
         if node.name.startswith("/lm_head/"):
             self.lm_head = (node.input[1], form)
@@ -261,6 +270,37 @@ class GraphPatch:
                        helper.make_node("Add", [f"{out}/gguf_q", f"{out}/gguf_min"], [out],
                                         name=f"{node.name}/gguf_add")]
 
+    def check(self, node: Any, names: tuple[str, ...], attrs: dict[str, Any], w: np.ndarray,
+              **facts: Any) -> None:
+        """Refuse unless the node's new weights equal the dequantized reference weights."""
+        if w.shape != (attrs["N"], attrs["K"]):
+            raise ModelError(f"{node.name}: GGUF shape {w.shape} vs graph N={attrs['N']} K={attrs['K']}")
+        err = weight_error(w, names, self.ref, self.tied)
+        self.report.append({"node": node.name, "gguf": [self.weights.qtype(n) for n in names],
+                            "offsets": False, **facts, "weight_error": err})
+        if err > WEIGHT_RTOL:
+            raise ModelError(f"exactness check failed: {node.name} differs from the dequantized reference "
+                             f"by {err:.3g} (relative, tolerance {WEIGHT_RTOL:g})")
+
+    def patch_dense(self, node: Any, names: tuple[str, ...], attrs: dict[str, Any]) -> None:
+        """A node with float matrices in the file: a plain fp32 MatMul (exact, not smaller)."""
+        from onnx import helper
+
+        w = np.concatenate([self.weights.dense(n) for n in names]).astype(np.float32)
+        self.check(node, names, attrs, w.astype(np.float64), bits=32, group=0)
+        base = node.input[1].rsplit(".weight", 1)[0]
+        wt = self.add_init(f"{base}.gguf_dense_t", np.ascontiguousarray(w.T))
+        if node.name.startswith("/lm_head/"):
+            self.lm_head = (node.input[1], wt)
+        bias = node.input[5] if len(node.input) > 5 else ""
+        out = node.output[0]
+        name = node.name.replace("MatMul_Q4", "MatMul")
+        if not bias:
+            self.nodes.append(helper.make_node("MatMul", [node.input[0], wt], [out], name=name))
+            return
+        self.nodes += [helper.make_node("MatMul", [node.input[0], wt], [f"{out}/gguf_nobias"], name=name),
+                       helper.make_node("Add", [f"{out}/gguf_nobias", bias], [out], name=f"{name}/bias")]
+
     def blocksum(self, x: str, k: int, group: int) -> str:
         """Sums of x over each group of weights along K, [..., K] -> [..., K/group], as one
         MatMul with a 0/1 indicator (exact: each output adds its group's values, times 1)."""
@@ -283,19 +323,28 @@ class GraphPatch:
 
         old_b, form = self.lm_head  # type: ignore[misc]
         producers = {o: n for n in self.nodes for o in n.output}
-        for node in self.nodes:
+        for i, node in enumerate(self.nodes):
             if node.op_type != "GatherBlockQuantized":
                 continue
             reshape = producers.get(node.input[0])
             if reshape is None or reshape.op_type != "Reshape" or reshape.input[0] != old_b:
                 continue
             base = old_b.rsplit(".weight", 1)[0]
+            if isinstance(form, str):       # float head [K, V]: gather rows of its transpose
+                table = f"{base}.gguf_dense"
+                node.CopyFrom(helper.make_node("Gather", [table, node.input[1]], list(node.output),
+                                               name=node.name.replace("GatherBlockQuantized", "Gather")))
+                self.nodes.insert(i, helper.make_node("Transpose", [form], [table], perm=[1, 0],
+                                                      name=f"{base}/gguf_transpose"))
+                self.nodes.remove(reshape)
+                break
             v, k = form.codes.shape
             if form.offsets is not None:   # no integer form: the lookup table stays float
                 table = self.add_init(f"{base}.gguf_embedding", form.dequantize().astype(np.float32))
                 node.CopyFrom(helper.make_node("Gather", [table, node.input[1]], list(node.output),
                                                name=node.name.replace("GatherBlockQuantized", "Gather")))
-                continue
+                self.nodes.remove(reshape)
+                break
             reshape.input[0] = f"{base}.gguf_codes"
             reshape.input[1] = self.add_init(f"{base}.gguf_codes/flat_shape",
                                              np.array([v, k * form.bits // 8], np.int64))
