@@ -95,6 +95,9 @@ def after_traffic(served: tuple[str, Path, Any]) -> tuple[Path, dict[str, int]]:
         assert c.post("/v1/chat", json=seed).status_code == 200
         with c.stream("POST", "/v1/chat/stream", json=seed) as r:
             assert "[DONE]" in "".join(r.iter_text())
+        # The client can read [DONE] before the server has finished the response and ended
+        # its span; the next request on the same keep-alive connection starts only after that.
+        assert c.get("/healthz").status_code == 200
     state.telemetry.force_flush()
     return directory, {"/v1/chat/completions": 4, "/v1/completions": 1, "/v1/chat": 1, "/v1/chat/stream": 1}
 
