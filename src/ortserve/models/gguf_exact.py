@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +27,21 @@ import numpy as np
 
 from ortserve.errors import ModelError
 from ortserve.models import convert
-from ortserve.models.gguf_reader import SUPPORTED, ExactForm, UnsupportedBlockType, concat_rows, decode
+from ortserve.models.gguf_reader import (
+    FLOAT_TYPES,
+    ExactForm,
+    GGUFWeights,
+    UnsupportedBlockType,
+    concat_rows,
+    exact_precision,
+    pack_codes,
+    preflight,
+)
+
+__all__ = ["UnsupportedBlockType", "exact_precision", "import_gguf_exact", "preflight"]
 
 Progress = Callable[[str], None]
 
-# GGUF architectures whose builder graph names we map; True = llama.cpp permuted Q/K rows.
-ARCHITECTURES = {"llama": True, "mistral": True, "qwen2": False, "qwen3": False}
 # Builder module -> GGUF tensors (rows concatenated in this order when fused).
 MODULES = {
     "attn/qkv_proj": ("attn_q", "attn_k", "attn_v"), "attn/q_proj": ("attn_q",),
@@ -42,77 +49,9 @@ MODULES = {
     "mlp/gate_up_proj": ("ffn_gate", "ffn_up"), "mlp/gate_proj": ("ffn_gate",),
     "mlp/up_proj": ("ffn_up",), "mlp/down_proj": ("ffn_down",),
 }
-# Matrices the file keeps in float: they become plain fp32 MatMuls (exact, just larger).
-FLOAT_TYPES = ("F32", "F16", "BF16")
 _LAYER_NODE = re.compile(r"^/model/layers\.(\d+)/(\w+/\w+)/MatMul")
 WEIGHT_RTOL = 1e-6        # patched weight vs dequantized reference, relative to max |w|
 LOGIT_TOL = 2e-3          # fp32-compute logits vs fp32 reference, relative to max |logit|
-
-
-@dataclass
-class GGUFWeights:
-    """The 2-D quantized tensors of a GGUF file, decoded on demand."""
-
-    path: Path
-    arch: str
-    n_head: int
-    n_head_kv: int
-    tensors: dict[str, Any] = field(default_factory=dict)   # name -> gguf ReaderTensor
-
-    @classmethod
-    def open(cls, path: Path) -> GGUFWeights:
-        import gguf
-
-        reader = gguf.GGUFReader(str(path))
-        arch = _field(reader, "general.architecture")
-        if arch not in ARCHITECTURES:
-            raise UnsupportedBlockType(f"GGUF architecture {arch!r} is not mapped for exact import "
-                                       f"(supported: {', '.join(ARCHITECTURES)})")
-        heads = int(_field(reader, f"{arch}.attention.head_count"))
-        kv = int(_field(reader, f"{arch}.attention.head_count_kv", heads))
-        return cls(Path(path), arch, heads, kv, {t.name: t for t in reader.tensors})
-
-    def qtype(self, name: str) -> str:
-        return str(self.tensors[name].tensor_type.name)
-
-    def form(self, name: str) -> ExactForm:
-        t = self.tensors.get(name)
-        if t is None:
-            raise ModelError(f"{self.path.name} has no tensor {name}")
-        cols, rows = (int(x) for x in t.shape[:2])
-        f = decode(self.qtype(name), t.data, rows, cols)
-        perm = self.row_permutation(name, rows)
-        return f if perm is None else f.take_rows(perm)
-
-    def dense(self, name: str) -> np.ndarray:
-        """float64 [rows, cols] of any matrix, quantized or float, rows as transformers has them."""
-        import gguf
-
-        t = self.tensors[name]
-        if self.qtype(name) not in FLOAT_TYPES:
-            return self.form(name).dequantize()
-        cols, rows = (int(x) for x in t.shape[:2])
-        w = gguf.quants.dequantize(t.data, t.tensor_type).reshape(rows, cols).astype(np.float64)
-        perm = self.row_permutation(name, rows)
-        return w if perm is None else w[perm]
-
-    def row_permutation(self, name: str, rows: int) -> np.ndarray | None:
-        """llama.cpp stores Q/K rows interleaved for its RoPE; transformers undoes it on load."""
-        if not ARCHITECTURES[self.arch] or not re.search(r"\.attn_[qk]\.weight$", name):
-            return None
-        heads = self.n_head if ".attn_q." in name else self.n_head_kv
-        idx = np.arange(rows).reshape(heads, rows // heads // 2, 2)
-        return idx.swapaxes(2, 1).reshape(rows)
-
-
-def _field(reader: Any, key: str, default: Any = None) -> Any:
-    f = reader.fields.get(key)
-    if f is None:
-        if default is None:
-            raise ModelError(f"GGUF file lacks {key}")
-        return default
-    v = f.parts[f.data[0]]
-    return bytes(v).decode() if v.dtype == np.uint8 else v[0]
 
 
 def gguf_tensor_names(node_name: str, weights: GGUFWeights) -> tuple[str, ...] | None:
@@ -123,36 +62,6 @@ def gguf_tensor_names(node_name: str, weights: GGUFWeights) -> tuple[str, ...] |
     if not m or m.group(2) not in MODULES:
         return None
     return tuple(f"blk.{m.group(1)}.{t}.weight" for t in MODULES[m.group(2)])
-
-
-def unsupported_tensors(weights: GGUFWeights) -> dict[str, str]:
-    """Matrix weights whose block type has no exact form: name -> type."""
-    out = {}
-    for name in weights.tensors:
-        if re.search(r"(^output|\.attn_[qkvo]\w*|\.ffn_(gate|up|down))\.weight$", name) or name == "output.weight":
-            qt = weights.qtype(name)
-            if qt not in SUPPORTED and qt not in FLOAT_TYPES:
-                out[name] = qt
-    return out
-
-
-def exact_precision(weights: GGUFWeights) -> str:
-    """The variant's precision label: the file's most common matrix block type (``q4_1``)."""
-    kinds = Counter(weights.qtype(n) for n in weights.tensors
-                    if n.startswith("blk.") and len(weights.tensors[n].shape) == 2)
-    return kinds.most_common(1)[0][0].lower() if kinds else "gguf"
-
-
-def preflight(gguf_path: Path) -> GGUFWeights:
-    """Open the file and refuse early (UnsupportedBlockType) if any matrix has no exact form."""
-    weights = GGUFWeights.open(gguf_path)
-    bad = unsupported_tensors(weights)
-    if bad:
-        kinds = sorted(set(bad.values()))
-        raise UnsupportedBlockType(f"{gguf_path.name}: {len(bad)} weight(s) in {', '.join(kinds)}, "
-                                   f"which have no exact MatMulNBits form (supported: {', '.join(SUPPORTED)})")
-    return weights
-
 
 
 def hf_weight_name(gguf_name: str, tied: bool) -> str:
@@ -187,15 +96,6 @@ def weight_error(got: np.ndarray, names: tuple[str, ...], ref: HFWeights, tied: 
     if got.shape != want.shape:
         raise ModelError(f"{'+'.join(names)}: shape {got.shape} vs reference {want.shape}")
     return float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
-
-
-def pack_codes(form: ExactForm) -> np.ndarray:
-    """[N, K] codes -> MatMulNBits B [N, K/group, group*bits/8] (4-bit: low nibble first)."""
-    n, k = form.codes.shape
-    c = form.codes.reshape(n, k // form.group, form.group)
-    if form.bits == 8:
-        return np.ascontiguousarray(c)
-    return np.ascontiguousarray(c[..., 0::2] | (c[..., 1::2] << 4)).astype(np.uint8)
 
 
 class GraphPatch:
