@@ -25,11 +25,12 @@ MATRICES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "
 def quantized_bytes(rng: np.random.Generator, qtype: str, rows: int, cols: int) -> np.ndarray:
     """Blocks of ``qtype`` for a [rows, cols] matrix: quantized floats, or random K-quant blocks."""
     t = Q[qtype]
-    if qtype.endswith("_K"):      # gguf has no K-quant quantizer: any bytes with sane fp16 scales decode
+    if qtype.endswith("_K") or qtype.startswith("IQ"):   # no quantizer in gguf: random blocks, sane scales
         per, size = gguf.constants.GGML_QUANT_SIZES[t]
         b = rng.integers(0, 256, (rows * cols // per, size), dtype=np.uint8)
         d = rng.uniform(2e-4, 1e-3, (b.shape[0], 2)).astype(np.float16).view(np.uint8)
-        at = {"Q6_K": slice(208, 210), "Q2_K": slice(80, 84)}.get(qtype, slice(0, 4))
+        at = {"Q6_K": slice(208, 210), "Q2_K": slice(80, 84), "Q3_K": slice(108, 110),
+              "IQ4_NL": slice(0, 2)}.get(qtype, slice(0, 4))
         b[:, at] = d[:, : at.stop - at.start]
         return b.reshape(rows, -1)
     w = rng.normal(0, 0.05, (rows, cols)).astype(np.float32)
@@ -88,14 +89,14 @@ def uniform(qtype: str) -> list[dict[str, str]]:
     return [dict.fromkeys(MATRICES, qtype)]
 
 
-# K_M-like files: bit widths and minimum/no-minimum types mixed inside the fused q/k/v node;
-# between them every supported block type appears.
+# K_M-like files: bit widths, block sizes (16/32) and minimum/no-minimum types mixed inside
+# the fused q/k/v node; between them every supported block type appears.
 MIXED_A = [{"attn_q": "Q4_K", "attn_k": "Q4_1", "attn_v": "Q6_K", "attn_output": "Q5_0",
             "ffn_gate": "Q5_K", "ffn_up": "Q4_0", "ffn_down": "Q8_0"},
            {"attn_q": "Q5_1", "attn_k": "Q5_K", "attn_v": "Q4_0", "attn_output": "Q4_K",
             "ffn_gate": "Q6_K", "ffn_up": "Q4_1", "ffn_down": "Q5_1"}]
-MIXED_B = [{"attn_q": "Q4_0", "attn_k": "Q4_0", "attn_v": "Q8_0", "attn_output": "Q6_K",
-            "ffn_gate": "Q4_K", "ffn_up": "Q4_K", "ffn_down": "Q6_K"}]
+MIXED_B = [{"attn_q": "Q4_0", "attn_k": "Q3_K", "attn_v": "Q8_0", "attn_output": "Q6_K",
+            "ffn_gate": "Q2_K", "ffn_up": "Q4_K", "ffn_down": "Q6_K"}]
 
 
 def assert_exact(tmp_path: Path, gguf_file: Path) -> dict:
@@ -131,6 +132,7 @@ def test_mixed_types_with_tied_embedding_with_minimums(tmp_path: Path) -> None:
 def test_k_quants_with_untied_head(tmp_path: Path) -> None:
     report = assert_exact(tmp_path, write_tiny_gguf(tmp_path / "b.gguf", MIXED_B, embd="F32", output="Q6_K"))
     assert report["gguf_types"]["Q6_K"] == 2 * LAYERS + 1
+    assert report["gguf_types"]["Q2_K"] == report["gguf_types"]["Q3_K"] == LAYERS
 
 
 def test_float_matrices_and_tied_float_head_become_plain_matmuls(tmp_path: Path) -> None:
@@ -147,7 +149,7 @@ def test_float_matrices_and_tied_float_head_become_plain_matmuls(tmp_path: Path)
 
 
 def test_unsupported_block_type_is_refused_before_any_work(tmp_path: Path) -> None:
-    path = write_tiny_gguf(tmp_path / "q2k.gguf", [{**uniform("Q4_0")[0], "ffn_down": "Q2_K"}])
-    with pytest.raises(UnsupportedBlockType, match="Q2_K"):
+    path = write_tiny_gguf(tmp_path / "iq4.gguf", [{**uniform("Q4_0")[0], "ffn_down": "IQ4_NL"}])
+    with pytest.raises(UnsupportedBlockType, match="IQ4_NL"):
         import_gguf_exact(path, tmp_path / "out", tmp_path / "work")
     assert not (tmp_path / "out").exists() and not (tmp_path / "work").exists()

@@ -32,7 +32,7 @@ def test_default_gguf_import_is_exact(tmp_path: Path) -> None:
 def test_unsupported_block_type_falls_back_to_requantizing(tmp_path: Path) -> None:
     store = ModelStore(tmp_path / "store")
     said: list[str] = []
-    path = write_tiny_gguf(tmp_path / "q2k.gguf", [{**uniform("Q4_0")[0], "ffn_down": "Q2_K"}])
-    v = import_gguf(store, path, "tiny-q2k", progress=said.append)
+    path = write_tiny_gguf(tmp_path / "iq4.gguf", [{**uniform("Q4_0")[0], "ffn_down": "IQ4_NL"}])
+    v = import_gguf(store, path, "tiny-iq4", progress=said.append)
     assert v.variant == "int8-cpu" and "gguf_exact" not in v.notes
-    assert any("Q2_K" in m and "re-quantizing to int8" in m for m in said), said
+    assert any("IQ4_NL" in m and "re-quantizing to int8" in m for m in said), said

@@ -20,11 +20,12 @@ ROWS, COLS = 6, 512
 
 def blocks(qtype: str, rows: int = ROWS, cols: int = COLS, seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed)
-    if qtype.endswith("_K"):     # no K-quant quantizer in gguf: random blocks with sane fp16 scales
+    if qtype.endswith("_K") or qtype.startswith("IQ"):   # no quantizer in gguf: random blocks, sane fp16 scales
         per, size = gguf.constants.GGML_QUANT_SIZES[Q[qtype]]
         b = rng.integers(0, 256, (rows * cols // per, size), dtype=np.uint8)
         d = rng.uniform(-1e-2, 1e-2, (b.shape[0], 2)).astype(np.float16).view(np.uint8)
-        at = slice(208, 210) if qtype == "Q6_K" else slice(0, 4)
+        at = {"Q6_K": slice(208, 210), "Q2_K": slice(80, 84), "Q3_K": slice(108, 110),
+              "IQ4_NL": slice(0, 2)}.get(qtype, slice(0, 4))
         b[:, at] = d[:, : at.stop - at.start]
         return b.reshape(rows, -1)
     return gguf.quants.quantize(rng.normal(0, 1, (rows, cols)).astype(np.float32), Q[qtype])
@@ -37,8 +38,8 @@ def test_decode_equals_gguf_dequantize(qtype: str) -> None:
     want = gguf.quants.dequantize(raw, Q[qtype]).astype(np.float64)
     assert form.codes.dtype == np.uint8 and form.codes.max() < (1 << form.bits)
     assert np.abs(form.dequantize() - want).max() <= 1e-6 * np.abs(want).max()
-    assert form.bits == (4 if qtype in ("Q4_0", "Q4_1", "Q4_K") else 8)
-    assert (form.offsets is not None) == (qtype in ("Q4_1", "Q5_1", "Q4_K", "Q5_K"))
+    assert form.bits == (4 if qtype in ("Q4_0", "Q4_1", "Q2_K", "Q3_K", "Q4_K") else 8)
+    assert (form.offsets is not None) == (qtype in ("Q4_1", "Q5_1", "Q2_K", "Q4_K", "Q5_K"))
 
 
 def test_concat_rows_widens_without_changing_values() -> None:
@@ -55,11 +56,11 @@ def test_bounds_and_unsupported_types_are_refused() -> None:
         decode("Q4_0", raw[:, :-1], ROWS, COLS)          # truncated tensor
     with pytest.raises(ModelError, match="whole number"):
         decode("Q4_K", blocks("Q4_0"), ROWS * 4, COLS // 4)   # 256 does not divide a 128 row
-    with pytest.raises(UnsupportedBlockType, match="Q2_K"):
-        decode("Q2_K", raw, ROWS, COLS)
+    with pytest.raises(UnsupportedBlockType, match="IQ4_NL"):
+        decode("IQ4_NL", blocks("IQ4_NL"), ROWS, COLS)
 
 
-@pytest.mark.parametrize("qtype", ["Q4_0", "Q8_0", "Q6_K"])
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q8_0", "Q6_K", "Q3_K"])
 def test_packed_codes_run_in_matmulnbits(qtype: str) -> None:
     """The packed layout (B [N, blocks, blob], low nibble first) as onnxruntime reads it."""
     import onnxruntime as ort

@@ -3,7 +3,7 @@
 The builder makes the graph (it knows the architectures) at int4 from the dequantized
 weights; then every MatMulNBits node gets the GGUF blocks of its weight instead of the
 builder's re-quantization (see gguf_reader for the block -> code mapping). Per-block
-minimums (Q4_1, Q5_1, Q4_K, Q5_K) have no integer zero point, so they become a separate
+minimums (Q4_1, Q5_1, Q2_K, Q4_K, Q5_K) have no integer zero point, so they become a separate
 term computed from block sums of the input:
 
     y = MatMulNBits(x, codes, scales)  +  (x @ indicator) @ offsets^T

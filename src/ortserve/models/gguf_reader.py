@@ -9,7 +9,7 @@ Every supported GGML block type is written exactly as
     w = scale * (code - 2**(bits-1)) + offset        (offset optional)
 
 with unsigned ``bits``-bit codes (4 or 8), one float32 scale per ``group`` weights along a
-row, and, for types with a per-block minimum (Q4_1, Q5_1, Q4_K, Q5_K), one float32 offset per
+row, and, for types with a per-block minimum (Q4_1, Q5_1, Q2_K, Q4_K, Q5_K), one float32 offset per
 group. The zero point is always the MatMulNBits default (8 or 128), so graphs need no
 zero-point input; minimums become the offset, which the graph adds as a separate term.
 
@@ -32,7 +32,7 @@ from ortserve.errors import ModelError
 # GGML type name -> (weights per block, bytes per block)
 BLOCK_SIZES: dict[str, tuple[int, int]] = {
     "Q4_0": (32, 18), "Q4_1": (32, 20), "Q5_0": (32, 22), "Q5_1": (32, 24), "Q8_0": (32, 34),
-    "Q4_K": (256, 144), "Q5_K": (256, 176), "Q6_K": (256, 210),
+    "Q2_K": (256, 84), "Q3_K": (256, 110), "Q4_K": (256, 144), "Q5_K": (256, 176), "Q6_K": (256, 210),
 }
 SUPPORTED = tuple(BLOCK_SIZES)
 # Matrices the file keeps in float: they become plain fp32 MatMuls (exact, just larger).
@@ -153,6 +153,20 @@ def _decode_blocks(qtype: str, b: np.ndarray) -> Decoded:
         ql = b[:, 48:].reshape(-1, 4, 1, 32) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)
         q = ((ql & 0x0F).reshape(-1, 8, 32) | ((qh & 1) << 4)).reshape(-1, 256)
         return q + 128, scale, (-minimum).astype(np.float32), 8
+    if qtype == "Q2_K":                           # d*sc*q - dmin*m, 2-bit q, 16 weights per scale
+        sc, d, dmin = b[:, 0:16], _f16(b[:, 80:82])[:, None], _f16(b[:, 82:84])[:, None]
+        q2 = b[:, 16:80].reshape(-1, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)
+        scale = d * (sc & 0x0F).astype(np.float32)
+        minimum = dmin.astype(np.float64) * (sc >> 4)
+        return (q2 & 3).reshape(-1, 256), scale, (8.0 * scale - minimum).astype(np.float32), 4
+    if qtype == "Q3_K":                           # d*(sc-32)*q, q in [-4, 3]: codes q+8
+        lo = b[:, 96:104].reshape(-1, 1, 8) >> np.array([0, 4], np.uint8).reshape(1, 2, 1)
+        hi = b[:, 104:108].reshape(-1, 1, 4) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 4, 1)
+        sc = ((lo.reshape(-1, 16) & 0x0F) | ((hi.reshape(-1, 16) & 0x03) << 4)).astype(np.float32) - 32
+        q3 = b[:, 32:96].reshape(-1, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)
+        hbit = (b[:, 0:32].reshape(-1, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)) & 1
+        q = (q3 & 3).reshape(-1, 256).astype(np.int16) - 4 * (1 - hbit.reshape(-1, 256).astype(np.int16))
+        return q + 8, _f16(b[:, 108:110])[:, None] * sc, None, 4
     if qtype == "Q6_K":                           # d*sc*(q-32), 16 weights per scale
         lo = b[:, 0:128].reshape(-1, 2, 1, 64) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)
         q6l = (lo & 0x0F).reshape(-1, 8, 32)
