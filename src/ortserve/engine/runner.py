@@ -88,6 +88,9 @@ class Runner:
         self.ids_dtype = np.int64 if inputs["input_ids"].type == "tensor(int64)" else np.int32
         self.mask_dtype = np.int64 if inputs["attention_mask"].type == "tensor(int64)" else np.int32
         self.has_position_ids = "position_ids" in inputs
+        logits = next(o for o in self.session.get_outputs() if o.name == "logits")
+        vocab = logits.shape[-1] if isinstance(logits.shape[-1], int) else spec.vocab_size
+        self._logits = np.zeros((slots, 1, vocab), dtype=_NP.get(logits.type, np.float32))
         self.lengths = np.zeros(slots, dtype=np.int64)  # tokens held in each row
         self.capacity = 0
         self.kv: list[np.ndarray] = []
@@ -144,17 +147,21 @@ class Runner:
             self._bindings[key] = io
         return io
 
-    def _run(self, rows: slice, input_ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    def _run(self, rows: slice, input_ids: np.ndarray, mask: np.ndarray,
+             out: np.ndarray | None = None) -> np.ndarray:
         io = self._binding(rows)
         io.bind_cpu_input("input_ids", input_ids.astype(self.ids_dtype, copy=False))
         io.bind_cpu_input("attention_mask", mask.astype(self.mask_dtype, copy=False))
         if self.has_position_ids:
             pos = np.maximum(np.cumsum(mask, axis=1) - 1, 0)[:, -input_ids.shape[1]:]
             io.bind_cpu_input("position_ids", pos.astype(self.ids_dtype))
+        if out is not None:  # decode: logits land in a preallocated buffer, no per-step wrapping
+            io.bind_output("logits", "cpu", 0, out.dtype, out.shape, out.ctypes.data)
+            self.session.run_with_iobinding(io)
+            return out
         io.bind_output("logits", "cpu")
         self.session.run_with_iobinding(io)
-        logits = io.get_outputs()[-1].numpy()
-        return logits
+        return io.get_outputs()[-1].numpy()
 
     def prefill(self, row: int, ids: list[int]) -> np.ndarray:
         """Run a whole prompt into an empty row; returns the last position's logits [vocab]."""
@@ -172,7 +179,7 @@ class Runner:
         total = int(lengths.max()) + 1
         self.ensure_capacity(total)
         mask = (np.arange(total)[None, :] <= lengths[:, None]).astype(self.mask_dtype)
-        logits = self._run(slice(0, n), tokens.reshape(n, 1), mask)
+        logits = self._run(slice(0, n), tokens.reshape(n, 1), mask, self._logits[:n])
         self.lengths[:n] += 1
         return logits[:, -1].astype(np.float32, copy=False)
 
