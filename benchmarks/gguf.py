@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/gguf.py                 # the default model's Q4_1 GGUF
     .venv/bin/python benchmarks/gguf.py --gguf F.gguf --threads 2 --rounds 5 --builders
+    .venv/bin/python benchmarks/gguf.py --kernels --threads 1   # cost of each exact Q4_1 form
 
 Prints one JSON object: perplexity of the exact import (as shipped, int8 activations in
 MatMulNBits, and with fp32 compute) vs the fp32 dequantized reference on the project's
@@ -159,7 +160,12 @@ def main() -> None:
     ap.add_argument("--builders", action="store_true", help="also the builder's int4/int8 re-quantizations")
     ap.add_argument("--work", type=Path, help="work dir to keep (default: a temp dir, removed)")
     ap.add_argument("--reuse", action="store_true", help="reuse the import and builds already in --work")
+    ap.add_argument("--kernels", action="store_true",
+                    help="only the micro-benchmark of the exact Q4_1 forms (a chain of 576x576 MatMuls)")
     args = ap.parse_args()
+    if args.kernels:
+        print(json.dumps({"threads": args.threads, **kernel_forms(args.threads)}, indent=2))
+        return
 
     from ortserve.models.catalog import embedded_gguf
     from ortserve.models.gguf_exact import import_gguf_exact
@@ -211,6 +217,63 @@ def main() -> None:
     finally:
         if args.work is None:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def kernel_forms(threads: int, k: int = 576, layers: int = 100) -> dict[str, float]:
+    """µs per 576x576 layer for the exact forms of a Q4_1 MatMul, in a chain of ``layers``
+    nodes with M=1 (decode): integer kernel alone (not exact: no minimum), plus the minimum
+    term (indicator MatMul or Reshape+ReduceSum), and a float zero point instead."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    nb, rng = k // 32, np.random.default_rng(0)
+
+    def session(form: str) -> Any:
+        eye = np.zeros((k, nb), np.float32)
+        eye[np.arange(k), np.arange(k) // 32] = 1
+        inits = [numpy_helper.from_array(eye, "IND"), numpy_helper.from_array(np.array([0, 0, nb, 32]), "SHP"),
+                 numpy_helper.from_array(np.array([-1]), "AX")]
+        nodes, x = [], "x0"
+        for i in range(layers):
+            inits += [numpy_helper.from_array(rng.integers(0, 256, (k, nb, 16), dtype=np.uint8), f"B{i}"),
+                      numpy_helper.from_array((rng.random((k, nb)) * 1e-3).astype(np.float32), f"S{i}"),
+                      numpy_helper.from_array((rng.random((nb, k)) * 1e-3).astype(np.float32), f"O{i}"),
+                      numpy_helper.from_array((rng.random((k, nb)) * 8).astype(np.float32), f"Z{i}")]
+            y, q = f"x{i + 1}", f"q{i}"
+            ins = [x, f"B{i}", f"S{i}"] + ([f"Z{i}"] if form == "float_zero_point" else [])
+            out = y if form in ("integer_only", "float_zero_point") else q
+            nodes.append(helper.make_node("MatMulNBits", ins, [out], domain="com.microsoft", K=k, N=k, bits=4,
+                                          block_size=32, accuracy_level=4))
+            if form == "indicator":
+                nodes.append(helper.make_node("MatMul", [x, "IND"], [f"s{i}"]))
+            elif form == "reshape_reducesum":
+                nodes += [helper.make_node("Reshape", [x, "SHP"], [f"r{i}"]),
+                          helper.make_node("ReduceSum", [f"r{i}", "AX"], [f"s{i}"], keepdims=0)]
+            if out == q:
+                nodes += [helper.make_node("MatMul", [f"s{i}", f"O{i}"], [f"m{i}"]),
+                          helper.make_node("Add", [q, f"m{i}"], [y])]
+            x = y
+        graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x0", TensorProto.FLOAT, [1, 1, k])],
+                                  [helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, 1, k])], inits)
+        model = helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 21),
+                                                                       helper.make_opsetid("com.microsoft", 1)])
+        so = ort.SessionOptions()
+        so.intra_op_num_threads, so.log_severity_level = threads, 3
+        return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+    forms = ("integer_only", "indicator", "reshape_reducesum", "float_zero_point")
+    sessions = {f: session(f) for f in forms}
+    x0 = rng.random((1, 1, k), dtype=np.float32)
+    best = dict.fromkeys(forms, float("inf"))
+    for _ in range(5):
+        for f, sess in sessions.items():
+            reps = 3 if f == "float_zero_point" else 30
+            sess.run(None, {"x0": x0})
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                sess.run(None, {"x0": x0})
+            best[f] = min(best[f], (time.perf_counter() - t0) / reps / layers * 1e6)
+    return {f"{f}_us_per_layer": round(v, 2) for f, v in best.items()}
 
 
 def bars(q: dict[str, Any], sp: dict[str, dict[str, float]]) -> dict[str, Any]:
