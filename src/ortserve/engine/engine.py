@@ -164,7 +164,7 @@ class RequestHandle:
     async def _events(self) -> AsyncIterator[TokenEvent]:
         try:
             while True:
-                ev = await self.queue.get()
+                ev = coalesce(await self.queue.get(), self.queue)
                 if ev.finished:
                     self.done = True
                 yield ev
@@ -173,3 +173,18 @@ class RequestHandle:
         finally:
             if not self.done:  # the consumer left (client gone, cancelled): free the slot
                 self.engine.core.abort(self.id)
+
+
+def coalesce(ev: TokenEvent, queue: asyncio.Queue[TokenEvent]) -> TokenEvent:
+    """Merge events already waiting behind ``ev`` into one.
+
+    A consumer that keeps up sees one event per token; one that falls behind (a slow client,
+    many streams on few cores) gets the backlog as one larger piece instead of paying the
+    per-event cost again for every token.
+    """
+    while not ev.finished and not queue.empty():
+        nxt = queue.get_nowait()
+        ev = TokenEvent(request_id=ev.request_id, text=ev.text + nxt.text, token_ids=ev.token_ids + nxt.token_ids,
+                        finished=nxt.finished, finish_reason=nxt.finish_reason, metrics=nxt.metrics,
+                        error=nxt.error)
+    return ev
