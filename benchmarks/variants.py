@@ -6,7 +6,7 @@
 Builds fp32, int8, int4, int4 k_quant with an int8 LM head, and the exact import of the
 GGUF's own Q4_1 blocks, from the embedded SmolLM2-135M-Instruct GGUF, through the same code
 the store uses (convert.build_onnx, gguf_exact, quality.perplexity on the shipped held-out
-text, speed.decode_tps via og.Generator).
+text, speed.decode_tps through ortserve's runner).
 Takes a few minutes on 2 cores; nothing is written to the model store.
 """
 

@@ -20,6 +20,7 @@ from ortserve.models import convert
 from ortserve.models.catalog import (
     CATALOG,
     DEFAULT_MODEL,
+    DEFAULT_MODEL_PRECISION,
     DEFAULT_PRECISION,
     CatalogEntry,
     download,
@@ -373,10 +374,9 @@ def _catalog_entry(ref: str) -> CatalogEntry:
 
 
 def ensure_default(store: ModelStore, progress: Progress | None = None) -> Variant:
-    """The embedded default model, imported on first use and reused afterwards."""
+    """The embedded default model, imported on first use (exactly, from its GGUF blocks)."""
     hits = [v for v in store.find(DEFAULT_MODEL) if v.device == "cpu"]
-    preferred = [v for v in hits if v.precision == DEFAULT_PRECISION]
+    preferred = [v for v in hits if v.precision == DEFAULT_MODEL_PRECISION]
     if preferred or hits:
         return (preferred or hits)[0]
-    return import_gguf(store, embedded_gguf(), DEFAULT_MODEL, precision=DEFAULT_PRECISION,
-                       progress=progress, aliases=["default"])
+    return import_gguf(store, embedded_gguf(), DEFAULT_MODEL, progress=progress, aliases=["default"])
