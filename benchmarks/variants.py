@@ -22,10 +22,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-# Running a script puts benchmarks/ first on sys.path, where benchmarks/gguf.py would shadow
-# the gguf package that transformers imports: drop it.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
-
 from ortserve.models import convert
 from ortserve.models.catalog import DEFAULT_PRECISION, embedded_gguf
 from ortserve.models.importer import quant_options, variant_name

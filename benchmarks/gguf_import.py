@@ -1,8 +1,8 @@
 """Exact GGUF import vs llama.cpp on the same file: quality and single-stream speed (JSON).
 
-    .venv/bin/python benchmarks/gguf.py                 # the default model's Q4_1 GGUF
-    .venv/bin/python benchmarks/gguf.py --gguf F.gguf --threads 2 --rounds 5 --builders
-    .venv/bin/python benchmarks/gguf.py --kernels --threads 1   # cost of each exact Q4_1 form
+    .venv/bin/python benchmarks/gguf_import.py                 # the default model's Q4_1 GGUF
+    .venv/bin/python benchmarks/gguf_import.py --gguf F.gguf --threads 2 --rounds 5 --builders
+    .venv/bin/python benchmarks/gguf_import.py --kernels --threads 1   # cost of each exact Q4_1 form
 
 Prints one JSON object: perplexity of the exact import (as shipped, int8 activations in
 MatMulNBits, and with fp32 compute) vs the fp32 dequantized reference on the project's
