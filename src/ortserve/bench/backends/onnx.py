@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +88,9 @@ class OgBackend(Backend):
         self.og = og
         config = og.Config(spec.model_dir)
         config.clear_providers()  # CPU, like the engine's default on this machine
+        if spec.threads:
+            config.overlay(json.dumps({"model": {"decoder": {"session_options": {
+                "intra_op_num_threads": spec.threads}}}}))
         self.model = og.Model(config)
 
     def run(self, prompts: list[Prompt], gen_tokens: int) -> list[Timing]:

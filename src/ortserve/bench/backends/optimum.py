@@ -82,7 +82,12 @@ class OptimumBackend(Backend):
             model = ORTModelForCausalLM.from_pretrained(str(source), export=True, use_cache=True)
             model.save_pretrained(str(self.export))
             del model
-        self.model = ORTModelForCausalLM.from_pretrained(str(self.export), use_cache=True)
+        import onnxruntime  # type: ignore[import-untyped]
+
+        so = onnxruntime.SessionOptions()
+        if spec.threads:
+            so.intra_op_num_threads = spec.threads
+        self.model = ORTModelForCausalLM.from_pretrained(str(self.export), use_cache=True, session_options=so)
 
     def run(self, prompts: list[Prompt], gen_tokens: int) -> list[Timing]:
         torch = self.torch
