@@ -37,17 +37,23 @@ def main() -> None:
     params = SamplingParams(temperature=0, max_tokens=args.gen, ignore_eos=True)
     msgs = [[{"role": "user", "content": q}] for q in QUESTIONS[: args.clients]]
 
-    async def run_engine() -> dict:
+    async def run_all() -> tuple[dict, list[dict], list[dict]]:
+        """Engine and raw og.Generator alternate rep by rep, so a change in machine load
+        between phases does not tilt the ratios."""
         await engine.start()
         await engine.generate(messages=msgs[0], params=params)  # warm-up
-        singles = [await engine.generate(messages=msgs[i % len(msgs)], params=params) for i in range(args.reps)]
-        bursts, ttfts_burst, ttfts_steady = [], [], []
-        for _ in range(args.reps):
+        raw.single(prompts[0], args.gen)
+        singles, raw_single, raw_batch, bursts, ttfts_burst, ttfts_steady = [], [], [], [], [], []
+        for i in range(args.reps):
+            raw_single.append(raw.single(prompts[i % len(prompts)], args.gen))
+            singles.append(await engine.generate(messages=msgs[i % len(msgs)], params=params))
+            raw_batch.append(raw.batch(prompts, args.gen))
             t0 = time.perf_counter()
             outs = await asyncio.gather(*(engine.generate(messages=m, params=params) for m in msgs))
             wall = time.perf_counter() - t0
             bursts.append(sum(o.metrics.output_tokens for o in outs) / wall)
             ttfts_burst += [o.metrics.ttft for o in outs]
+
         # steady state: each client sends its next request as soon as its last one ends,
         # so new requests arrive while the others decode
         async def client(i: int, n: int) -> list[float]:
@@ -61,16 +67,14 @@ def main() -> None:
         for xs in await asyncio.gather(*(client(i, 4) for i in range(len(msgs)))):
             ttfts_steady += xs
         await engine.stop()
-        return {"single_decode_tps": median([o.metrics.output_tokens_per_second for o in singles]),
-                "single_ttft": median([o.metrics.ttft for o in singles]),
-                "concurrent_tps": median(bursts),
-                "ttft_burst_p50": median(ttfts_burst), "ttft_burst_p90": pct(ttfts_burst, 0.9),
-                "ttft_steady_p50": median(ttfts_steady), "ttft_steady_p90": pct(ttfts_steady, 0.9)}
+        eng = {"single_decode_tps": median([o.metrics.output_tokens_per_second for o in singles]),
+               "single_ttft": median([o.metrics.ttft for o in singles]),
+               "concurrent_tps": median(bursts),
+               "ttft_burst_p50": median(ttfts_burst), "ttft_burst_p90": pct(ttfts_burst, 0.9),
+               "ttft_steady_p50": median(ttfts_steady), "ttft_steady_p90": pct(ttfts_steady, 0.9)}
+        return eng, raw_single, raw_batch
 
-    raw.single(prompts[0], args.gen)  # warm-up
-    raw_single = [raw.single(prompts[i % len(prompts)], args.gen) for i in range(args.reps)]
-    raw_batch = [raw.batch(prompts, args.gen) for _ in range(args.reps)]
-    eng = asyncio.run(run_engine())
+    eng, raw_single, raw_batch = asyncio.run(run_all())
     raw_tps = median([r["decode_tps"] for r in raw_single])
     raw_batch_tps = median([r["end_to_end_tps"] for r in raw_batch])
     result["raw_og"] = {"single_decode_tps": raw_tps, "single_ttft": median([r["ttft"] for r in raw_single]),
