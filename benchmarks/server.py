@@ -25,23 +25,6 @@ from ortserve.engine import AsyncEngine
 from ortserve.types import SamplingParams
 
 
-async def engine_figures(path, gen: int, reps: int, clients: int) -> dict:
-    engine = AsyncEngine.load(path, load_settings(max_batch=16))
-    await engine.start()
-    params = SamplingParams(temperature=0, max_tokens=gen, ignore_eos=True)
-    msgs = [[{"role": "user", "content": q}] for q in QUESTIONS[:clients]]
-    await engine.generate(messages=msgs[0], params=params)
-    single = [await engine.generate(messages=msgs[i], params=params) for i in range(reps)]
-    aggs = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        outs = await asyncio.gather(*(engine.generate(messages=m, params=params) for m in msgs))
-        aggs.append(sum(o.metrics.output_tokens for o in outs) / (time.perf_counter() - t0))
-    await engine.stop()
-    return {"single_decode_tps": median([o.metrics.output_tokens_per_second for o in single]),
-            "concurrent_tps": median(aggs)}
-
-
 async def stream_one(client: httpx.AsyncClient, url: str, question: str, gen: int) -> dict:
     body = {"messages": [{"role": "user", "content": question}], "max_tokens": gen, "min_tokens": gen,
             "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
@@ -66,19 +49,29 @@ async def stream_one(client: httpx.AsyncClient, url: str, question: str, gen: in
             if first and tokens > 1 else 0.0, "wall": end - t0}
 
 
-async def server_figures(url: str, gen: int, reps: int, clients: int) -> dict:
+async def measure(path, url: str, gen: int, reps: int, clients: int) -> tuple[dict, dict]:
+    """The in-process engine and the server alternate rep by rep (same load for both)."""
+    engine = AsyncEngine.load(path, load_settings(max_batch=16))
+    await engine.start()
+    params = SamplingParams(temperature=0, max_tokens=gen, ignore_eos=True)
+    msgs = [[{"role": "user", "content": q}] for q in QUESTIONS[:clients]]
+    e_single, e_agg, s_single, s_agg, errors = [], [], [], [], 0
     async with httpx.AsyncClient(timeout=600) as client:
+        await engine.generate(messages=msgs[0], params=params)
         await stream_one(client, url, QUESTIONS[0], gen)
-        single = [await stream_one(client, url, QUESTIONS[i], gen) for i in range(reps)]
-        aggs, errors = [], 0
-        for _ in range(reps):
+        for i in range(reps):
+            e_single.append((await engine.generate(messages=msgs[i], params=params)).metrics.output_tokens_per_second)
+            s_single.append((await stream_one(client, url, QUESTIONS[i], gen))["decode_tps"])
             t0 = time.perf_counter()
-            outs = await asyncio.gather(*(stream_one(client, url, q, gen) for q in QUESTIONS[:clients]))
-            wall = time.perf_counter() - t0
-            errors += sum(1 for o in outs if "error" in o)
-            aggs.append(sum(o.get("tokens", 0) for o in outs) / wall)
-    return {"single_decode_tps": median([s["decode_tps"] for s in single]), "concurrent_tps": median(aggs),
-            "errors": errors}
+            outs = await asyncio.gather(*(engine.generate(messages=m, params=params) for m in msgs))
+            e_agg.append(sum(o.metrics.output_tokens for o in outs) / (time.perf_counter() - t0))
+            t0 = time.perf_counter()
+            souts = await asyncio.gather(*(stream_one(client, url, q, gen) for q in QUESTIONS[:clients]))
+            s_agg.append(sum(o.get("tokens", 0) for o in souts) / (time.perf_counter() - t0))
+            errors += sum(1 for o in souts if "error" in o)
+    await engine.stop()
+    return ({"single_decode_tps": median(e_single), "concurrent_tps": median(e_agg)},
+            {"single_decode_tps": median(s_single), "concurrent_tps": median(s_agg), "errors": errors})
 
 
 def main() -> None:
@@ -89,7 +82,6 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=8093)
     args = ap.parse_args()
     path, mid = model_dir(args.model)
-    eng = asyncio.run(engine_figures(path, args.gen, args.reps, 16))
     proc = subprocess.Popen([sys.executable, "-m", "ortserve.cli.main", "serve", "--model", str(path),
                              "--port", str(args.port), "--log-level", "warning"], env=os.environ.copy())
     url = f"http://127.0.0.1:{args.port}"
@@ -101,7 +93,7 @@ def main() -> None:
             except httpx.HTTPError:
                 pass
             time.sleep(0.1)
-        srv = asyncio.run(server_figures(url, args.gen, args.reps, 16))
+        eng, srv = asyncio.run(measure(path, url, args.gen, args.reps, 16))
     finally:
         proc.terminate()
         proc.wait(30)
