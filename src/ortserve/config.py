@@ -48,6 +48,9 @@ class Settings(BaseSettings):
     graph_optimization_level: Literal["disable", "basic", "extended", "all"] = Field(
         "all", validation_alias=_env("ORTSERVE_GRAPH_OPT_LEVEL"),
         description="ONNX Runtime graph optimization level")
+    thread_spinning: bool = Field(False, validation_alias=_env("ORTSERVE_THREAD_SPINNING"),
+                                  description="Let ONNX Runtime worker threads spin while waiting "
+                                              "(faster on an idle machine, much slower on a busy one)")
     enable_mem_arena: bool = Field(True, validation_alias=_env("ORTSERVE_MEM_ARENA"),
                                    description="ONNX Runtime CPU memory arena")
     # server

@@ -56,6 +56,8 @@ def model_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--max-length", type=int, default=None, help="Cap on context length"),
         click.option("--intra-op-threads", type=int, default=None, help="ONNX Runtime intra-op threads"),
         click.option("--inter-op-threads", type=int, default=None, help="ONNX Runtime inter-op threads"),
+        click.option("--thread-spinning/--no-thread-spinning", default=None,
+                     help="ONNX Runtime threads spin while waiting (faster when the cores are idle)"),
         click.option("--graph-optimization-level", type=click.Choice(["disable", "basic", "extended", "all"]),
                      default=None, help="ONNX Runtime graph optimization level"),
     ]
@@ -65,7 +67,7 @@ def model_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 MODEL_FLAGS = ("model", "device", "max_batch", "max_length", "intra_op_threads", "inter_op_threads",
-               "graph_optimization_level")
+               "graph_optimization_level", "thread_spinning")
 
 
 def pop_model_flags(kwargs: dict[str, Any]) -> dict[str, Any]:

@@ -90,7 +90,8 @@ def session_options(settings: Any, model_options: dict[str, Any] | None = None) 
         "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
     }[level]
     so.enable_cpu_mem_arena = bool(getattr(settings, "enable_mem_arena", True))
-    # Spinning worker threads burn the cores other work needs; measured 2x slower decode
-    # on a busy 2-core machine with spinning on.
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    # Spinning worker threads burn the cores other work needs: measured 2x slower decode on a
+    # busy 2-core machine with spinning on, so it is off unless thread_spinning is set.
+    spin = "1" if getattr(settings, "thread_spinning", False) else "0"
+    so.add_session_config_entry("session.intra_op.allow_spinning", spin)
     return so
