@@ -9,6 +9,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from ortserve.engine import RequestHandle
 from ortserve.server.protocol import SeedChatRequest
 from ortserve.server.service import collect
 from ortserve.server.sse import SSE_HEADERS, sse, unless_disconnected
@@ -49,14 +50,19 @@ async def metrics(request: Request) -> Response:
     return Response(state_of(request).metrics.render(), media_type="text/plain; version=0.0.4")
 
 
-@router.post("/v1/chat")
-async def chat(body: SeedChatRequest, request: Request) -> dict[str, Any]:
+def _submit(body: SeedChatRequest, request: Request) -> tuple[ServerState, Any, RequestHandle]:
+    """Validate, queue, and label the request's telemetry span: what both seed routes do first."""
     st = state_of(request)
     engine = st.ready_engine()
     params = body.to_sampling_params(st.settings.default_max_tokens, st.settings.max_tokens_cap)
     span = span_of(request)
     span.set(model=engine.model_id, provider="local", execution_provider=engine.model.choice.device)
-    handle = engine.submit(messages=body.plain_messages(), params=params)
+    return st, span, engine.submit(messages=body.plain_messages(), params=params)
+
+
+@router.post("/v1/chat")
+async def chat(body: SeedChatRequest, request: Request) -> dict[str, Any]:
+    st, span, handle = _submit(body, request)
     answer = await unless_disconnected(request, collect(handle))
     st.record(span, answer.metrics, answer.finish_reason)
     return {"content": answer.text, "finish_reason": answer.finish_reason, "metrics": answer.metrics.to_dict()}
@@ -64,12 +70,7 @@ async def chat(body: SeedChatRequest, request: Request) -> dict[str, Any]:
 
 @router.post("/v1/chat/stream")
 async def chat_stream(body: SeedChatRequest, request: Request) -> StreamingResponse:
-    st = state_of(request)
-    engine = st.ready_engine()
-    params = body.to_sampling_params(st.settings.default_max_tokens, st.settings.max_tokens_cap)
-    span = span_of(request)
-    span.set(model=engine.model_id, provider="local", execution_provider=engine.model.choice.device)
-    handle = engine.submit(messages=body.plain_messages(), params=params)
+    st, span, handle = _submit(body, request)
 
     async def events() -> AsyncIterator[str]:
         async for ev in handle:
