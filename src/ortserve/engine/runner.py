@@ -93,26 +93,38 @@ class Runner:
         self._logits = np.zeros((slots, 1, vocab), dtype=_NP.get(logits.type, np.float32))
         self.lengths = np.zeros(slots, dtype=np.int64)  # tokens held in each row
         self.capacity = 0
+        self.rows = 0
         self.kv: list[np.ndarray] = []
         self._bindings: dict[tuple[int, int, int], Any] = {}
-        self._grow(max(16, capacity))
+        self._grow(max(16, capacity), 1)
 
     # ---- cache management -------------------------------------------------
-    def _grow(self, capacity: int) -> None:
+    def _grow(self, capacity: int, rows: int) -> None:
+        """Reallocate the cache as ``rows`` x ``capacity`` tokens, keeping what it holds.
+
+        Both grow on demand (rows up to ``slots``, capacity up to the context), so one long
+        request costs one row of KV, not ``slots`` rows.
+        """
         capacity = min(capacity, self.spec.context_length)
-        shape = (self.slots, self.spec.kv_heads, capacity, self.spec.head_size)
+        rows = min(max(rows, 1), self.slots)
+        shape = (rows, self.spec.kv_heads, capacity, self.spec.head_size)
         new = [np.zeros(shape, dtype=self.dtype) for _ in range(2 * self.spec.layers)]
         if self.kv:
-            keep = self.capacity
+            keep_rows, keep = min(rows, self.rows), min(capacity, self.capacity)
             for old, buf in zip(self.kv, new):
-                buf[:, :, :keep] = old
+                buf[:keep_rows, :, :keep] = old[:keep_rows, :, :keep]
         self.kv = new
         self.capacity = capacity
+        self.rows = rows
         self._bindings = {}  # they point at the old buffers
 
     def ensure_capacity(self, tokens: int) -> None:
         if tokens > self.capacity:
-            self._grow(max(tokens, min(2 * self.capacity, self.spec.context_length)))
+            self._grow(max(tokens, min(2 * self.capacity, self.spec.context_length)), self.rows)
+
+    def ensure_rows(self, rows: int) -> None:
+        if rows > self.rows:
+            self._grow(self.capacity, max(rows, 2 * self.rows))
 
     def move(self, src: int, dst: int) -> None:
         """Copy row ``src`` into row ``dst`` (compaction when a sequence retires)."""
@@ -166,6 +178,7 @@ class Runner:
     def prefill(self, row: int, ids: list[int]) -> np.ndarray:
         """Run a whole prompt into an empty row; returns the last position's logits [vocab]."""
         n = len(ids)
+        self.ensure_rows(row + 1)
         self.ensure_capacity(n + 1)
         x = np.asarray([ids])
         logits = self._run(slice(row, row + 1), x, np.ones_like(x))
@@ -186,5 +199,5 @@ class Runner:
     def shrink(self, capacity: int = 256) -> None:
         """Give memory back when idle after long sequences."""
         self.kv = []
-        self.capacity = 0
-        self._grow(capacity)
+        self.capacity = self.rows = 0
+        self._grow(capacity, 1)
