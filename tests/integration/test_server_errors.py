@@ -93,8 +93,8 @@ def test_body_too_large(srv: ServerThread) -> None:
 
 def test_generation_error_mid_stream_then_keeps_serving(srv: ServerThread) -> None:
     with httpx.stream("POST", f"{srv.url}/v1/chat/completions", timeout=60,
-                      json={"messages": MSG, "stream": True, "max_tokens": 200, "temperature": 0,
-                            "min_tokens": 200}) as resp:
+                      json={"messages": MSG, "stream": True, "max_tokens": 1900, "temperature": 0,
+                            "min_tokens": 1900}) as resp:  # long enough to still be running
         lines = resp.iter_lines()
         first = next(line for line in lines if line.startswith("data: "))
         assert "chat.completion.chunk" in first
