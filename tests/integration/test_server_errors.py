@@ -92,15 +92,15 @@ def test_body_too_large(srv: ServerThread) -> None:
 
 
 def test_generation_error_mid_stream_then_keeps_serving(srv: ServerThread) -> None:
+    # The engine fails the next step it runs: this request's first, after the stream has
+    # started (the role chunk goes out before any token is generated).
+    srv.state.engine.core.fault = RuntimeError("injected fault")
     with httpx.stream("POST", f"{srv.url}/v1/chat/completions", timeout=60,
-                      json={"messages": MSG, "stream": True, "max_tokens": 1900, "temperature": 0,
-                            "min_tokens": 1900}) as resp:  # long enough to still be running
-        lines = resp.iter_lines()
-        first = next(line for line in lines if line.startswith("data: "))
-        assert "chat.completion.chunk" in first
-        srv.state.engine.core.fault = RuntimeError("injected fault")
-        rest = [line[6:] for line in lines if line.startswith("data: ")]
-    errors = [json.loads(x) for x in rest if x != "[DONE]" and "error" in json.loads(x)]
+                      json={"messages": MSG, "stream": True, "max_tokens": 200, "temperature": 0}) as resp:
+        assert resp.status_code == 200
+        lines = [line[6:] for line in resp.iter_lines() if line.startswith("data: ")]
+    assert "chat.completion.chunk" in lines[0]
+    errors = [json.loads(x) for x in lines[1:] if x != "[DONE]" and "error" in json.loads(x)]
     assert errors and "injected fault" in errors[0]["error"]["message"]
     assert srv.wait_idle().running == 0
     r = post(srv, "/v1/chat", {"messages": MSG, "max_tokens": 4})
