@@ -103,10 +103,10 @@ def info(as_json: bool, device: str | None) -> None:
         f"GPUs          {', '.join(data['gpus']) or 'none usable'}",
         f"onnxruntime   {data['onnxruntime']}   onnxruntime-genai {data['onnxruntime_genai']}",
         f"Providers     {', '.join(data['providers'])}",
-        f"Device        {data['selected_device'].get('device', '?')} "
-        f"({data['selected_device'].get('reason', data['selected_device'].get('error'))})",
-        f"Model store   {data['store']['path']} ({data['store']['size_mb']} MB, "
-        f"{len(data['store']['variants'])} variants)",
+        (f"Device        {data['selected_device'].get('device', '?')} "
+         f"({data['selected_device'].get('reason', data['selected_device'].get('error'))})"),
+        (f"Model store   {data['store']['path']} ({data['store']['size_mb']} MB, "
+         f"{len(data['store']['variants'])} variants)"),
         f"Auto picks    {data['auto_variant']['variant'] or '-'} ({data['auto_variant']['why']})",
     ]
     click.echo("\n".join(lines))

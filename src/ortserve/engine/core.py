@@ -71,8 +71,9 @@ class EngineCore:
         now = time.perf_counter()
         recent = [(t, n) for t, n in list(self._recent) if now - t < 5.0]
         tps = sum(n for _, n in recent) / 5.0 if recent else 0.0
-        return EngineStats(running=sum(not s.finished for s in self.running), waiting=len(self.waiting), tokens_per_second=tps,
-                           total_requests=self.total_requests, total_output_tokens=self.total_output_tokens)
+        return EngineStats(running=sum(not s.finished for s in self.running), waiting=len(self.waiting),
+                           tokens_per_second=tps, total_requests=self.total_requests,
+                           total_output_tokens=self.total_output_tokens)
 
     # ---- loop -------------------------------------------------------------
     def _loop(self) -> None:

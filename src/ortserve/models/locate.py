@@ -11,7 +11,7 @@ from ortserve.models.store import ModelStore
 
 
 def looks_like_path(ref: str) -> bool:
-    return "/" in ref or "\\" in ref or ref.startswith(".") or ref.startswith("~") or Path(ref).is_dir()
+    return "/" in ref or "\\" in ref or ref.startswith((".", "~")) or Path(ref).is_dir()
 
 
 def resolve_model_dir(ref: str | None, settings: Any,
