@@ -35,9 +35,11 @@ unit: $(STAMP)
 integration: $(STAMP)
 	$(PY) -m pytest -q tests/integration
 
+# Every backend, prompt length and batch size; 128 tokens, 1 warm-up, 3 reps (about an hour
+# on 2 cores). The ADR's full workload (256 tokens, 5 warm-ups, 10 reps) is plain `ortserve bench`.
 bench: $(STAMP)
 	$(PIP) install --quiet -e '.[bench]'
-	$(VENV)/bin/ortserve bench --out bench-results
+	$(VENV)/bin/ortserve bench --out bench-results --gen-tokens 128 --warmup 1 --reps 3
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
