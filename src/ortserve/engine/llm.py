@@ -117,6 +117,11 @@ def _is_messages(x: Any) -> bool:
 def _progress(total: int, enabled: bool) -> Any:
     if not enabled or not sys.stderr.isatty():
         return None
+    import shutil
+
     from tqdm import tqdm
 
-    return tqdm(total=total, desc="Generating", unit="req", file=sys.stderr, dynamic_ncols=True)
+    # a 0x0 pty (some CI runners, `script`) would make a dynamic-width bar print nothing
+    size = shutil.get_terminal_size((100, 20))
+    return tqdm(total=total, desc="Generating", unit="req", file=sys.stderr, ncols=size.columns or 100,
+                nrows=size.lines or 20)
