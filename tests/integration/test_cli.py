@@ -130,3 +130,33 @@ def test_ask_through_the_router(tiny_model: Path, tmp_path: Path) -> None:
     assert res["provider"] == "local" and res["local"] is True and res["tokens"] <= 6
     r = run(["ask", "hi", "--model", str(tiny_model), "--provider", "anthropic"], tmp_path)
     assert r.returncode == 1 and "anthropic" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_chat_ctrl_c_stops_the_answer_not_the_session(tiny_model: Path, tmp_path: Path) -> None:
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.environ["ORTSERVE_HOME"] = str(tmp_path)
+        os.execv(sys.executable, CLI + ["chat", "--model", str(tiny_model), "--max-tokens", "1900",
+                                        "--temperature", "0"])
+    out = b""
+
+    def read_until(done, timeout: float = 120) -> None:
+        nonlocal out
+        deadline = time.monotonic() + timeout
+        while not done(out) and time.monotonic() < deadline:
+            if select.select([fd], [], [], 0.2)[0]:
+                try:
+                    out += os.read(fd, 4096)
+                except OSError:
+                    break
+
+    read_until(lambda o: b">>> " in o)
+    os.write(fd, b"Tell me everything\n")
+    start = len(out)
+    read_until(lambda o: len(o) > start + 200)  # the answer is streaming
+    os.write(fd, b"\x03")                          # Ctrl-C
+    read_until(lambda o: b"[stopped]" in o and o.rstrip().endswith(b">>>"))
+    assert b"[stopped]" in out and out.rstrip().endswith(b">>>")  # the session goes on
+    os.write(fd, b"/exit\n")
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
