@@ -88,38 +88,47 @@ def test_genai_missing_gives_the_seed_message(tiny_model: Path, tmp_path: Path) 
     assert r.returncode == 1 and "onnxruntime-genai not installed" in r.stderr and "pip install" in r.stderr
 
 
-def test_chat_in_a_terminal(tiny_model: Path, tmp_path: Path) -> None:
-    pid, fd = pty.fork()
-    if pid == 0:  # child: the CLI on a real pseudo-terminal
-        os.environ["ORTSERVE_HOME"] = str(tmp_path)
-        os.execv(sys.executable, CLI + ["chat", "--model", str(tiny_model), "--max-tokens", "8",
-                                        "--temperature", "0"])
-    out = b""
+class Terminal:
+    """The CLI on a real pseudo-terminal: type into it, read what it shows."""
 
-    def read_until(done, timeout: float = 120) -> bytes:
-        nonlocal out
+    def __init__(self, args: list[str], home: Path) -> None:
+        self.pid, self.fd = pty.fork()
+        if self.pid == 0:  # child
+            os.environ["ORTSERVE_HOME"] = str(home)
+            os.execv(sys.executable, CLI + args)
+        self.out = b""
+
+    def type(self, text: bytes) -> None:
+        os.write(self.fd, text)
+
+    def read_until(self, done, timeout: float = 120) -> bytes:
         deadline = time.monotonic() + timeout
-        while not done(out) and time.monotonic() < deadline:
-            ready, _, _ = select.select([fd], [], [], 0.5)
-            if ready:
+        while not done(self.out) and time.monotonic() < deadline:
+            if select.select([self.fd], [], [], 0.2)[0]:
                 try:
-                    out += os.read(fd, 4096)
+                    self.out += os.read(self.fd, 4096)
                 except OSError:
                     break
-        return out
+        return self.out
 
-    assert b">>> " in read_until(lambda o: b">>> " in o)
-    start = len(out)
-    os.write(fd, b"Hello there\n")
-    read_until(lambda o: o.count(b">>> ") >= 2)  # the answer streams, then the next prompt
-    assert out.count(b">>> ") >= 2
-    answer = out[start:].split(b"Hello there", 1)[-1].replace(b">>> ", b"")
+    def exit_status(self) -> int | None:
+        _, status = os.waitpid(self.pid, 0)
+        return os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
+
+
+def test_chat_in_a_terminal(tiny_model: Path, tmp_path: Path) -> None:
+    term = Terminal(["chat", "--model", str(tiny_model), "--max-tokens", "8", "--temperature", "0"], tmp_path)
+    assert b">>> " in term.read_until(lambda o: b">>> " in o)
+    start = len(term.out)
+    term.type(b"Hello there\n")
+    term.read_until(lambda o: o.count(b">>> ") >= 2)  # the answer streams, then the next prompt
+    assert term.out.count(b">>> ") >= 2
+    answer = term.out[start:].split(b"Hello there", 1)[-1].replace(b">>> ", b"")
     assert answer.strip()  # something was streamed back
-    os.write(fd, b"/reset\n")
-    assert b"history cleared" in read_until(lambda o: b"history cleared" in o)
-    os.write(fd, b"/exit\n")
-    _, status = os.waitpid(pid, 0)
-    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    term.type(b"/reset\n")
+    assert b"history cleared" in term.read_until(lambda o: b"history cleared" in o)
+    term.type(b"/exit\n")
+    assert term.exit_status() == 0
 
 
 def test_ask_through_the_router(tiny_model: Path, tmp_path: Path) -> None:
@@ -133,30 +142,13 @@ def test_ask_through_the_router(tiny_model: Path, tmp_path: Path) -> None:
 
 
 def test_chat_ctrl_c_stops_the_answer_not_the_session(tiny_model: Path, tmp_path: Path) -> None:
-    pid, fd = pty.fork()
-    if pid == 0:
-        os.environ["ORTSERVE_HOME"] = str(tmp_path)
-        os.execv(sys.executable, CLI + ["chat", "--model", str(tiny_model), "--max-tokens", "1900",
-                                        "--temperature", "0"])
-    out = b""
-
-    def read_until(done, timeout: float = 120) -> None:
-        nonlocal out
-        deadline = time.monotonic() + timeout
-        while not done(out) and time.monotonic() < deadline:
-            if select.select([fd], [], [], 0.2)[0]:
-                try:
-                    out += os.read(fd, 4096)
-                except OSError:
-                    break
-
-    read_until(lambda o: b">>> " in o)
-    os.write(fd, b"Tell me everything\n")
-    start = len(out)
-    read_until(lambda o: len(o) > start + 200)  # the answer is streaming
-    os.write(fd, b"\x03")                          # Ctrl-C
-    read_until(lambda o: b"[stopped]" in o and o.rstrip().endswith(b">>>"))
+    term = Terminal(["chat", "--model", str(tiny_model), "--max-tokens", "1900", "--temperature", "0"], tmp_path)
+    term.read_until(lambda o: b">>> " in o)
+    term.type(b"Tell me everything\n")
+    start = len(term.out)
+    term.read_until(lambda o: len(o) > start + 200)  # the answer is streaming
+    term.type(b"\x03")                               # Ctrl-C
+    out = term.read_until(lambda o: b"[stopped]" in o and o.rstrip().endswith(b">>>"))
     assert b"[stopped]" in out and out.rstrip().endswith(b">>>")  # the session goes on
-    os.write(fd, b"/exit\n")
-    _, status = os.waitpid(pid, 0)
-    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    term.type(b"/exit\n")
+    assert term.exit_status() == 0
