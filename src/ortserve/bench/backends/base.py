@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from ortserve.bench.measure import Timing
+from ortserve.bench.measure import Timing, now
 from ortserve.bench.workload import Prompt
 
 
@@ -63,3 +63,18 @@ def perplexity_from(logprobs: Any, method: str) -> dict[str, Any]:
 
     lp = np.asarray(logprobs, dtype=np.float64)
     return {"perplexity": float(np.exp(-lp.mean())), "tokens": int(lp.size), "method": method}
+
+
+class FirstTokenClock:
+    """A generate() streamer that notes when the first generated tokens arrive (the first put is the prompt)."""
+
+    def __init__(self, t0: float) -> None:
+        self.t0, self.calls, self.first = t0, 0, 0.0
+
+    def put(self, value: Any) -> None:
+        self.calls += 1
+        if self.calls == 2:
+            self.first = now() - self.t0
+
+    def end(self) -> None:
+        pass

@@ -12,24 +12,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ortserve.bench.backends.base import Backend, Spec, log_softmax_pick, perplexity_from
+from ortserve.bench.backends.base import Backend, FirstTokenClock, Spec, log_softmax_pick, perplexity_from
 from ortserve.bench.measure import Timing, now
 from ortserve.bench.workload import Prompt
 
 WINDOW = 512
-
-
-class FirstTokenClock:
-    def __init__(self, t0: float) -> None:
-        self.t0, self.calls, self.first = t0, 0, 0.0
-
-    def put(self, value: Any) -> None:
-        self.calls += 1
-        if self.calls == 2:
-            self.first = now() - self.t0
-
-    def end(self) -> None:
-        pass
 
 
 def _rope(model_dir: Path) -> object:
