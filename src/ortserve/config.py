@@ -53,6 +53,12 @@ class Settings(BaseSettings):
                                               "(faster on an idle machine, much slower on a busy one)")
     enable_mem_arena: bool = Field(True, validation_alias=_env("ORTSERVE_MEM_ARENA"),
                                    description="ONNX Runtime CPU memory arena")
+    prefill_chunk: int = Field(512, ge=16, validation_alias=_env("ORTSERVE_PREFILL_CHUNK"),
+                               description="Prompt tokens prefilled per engine step; longer prompts are "
+                                           "prefilled in chunks between decode steps")
+    kv_cache_mb: int = Field(0, ge=0, validation_alias=_env("ORTSERVE_KV_CACHE_MB"),
+                             description="KV cache budget in MB (0 = half the free memory left after "
+                                         "the model, at least 256 MB)")
     # server
     host: str = Field("127.0.0.1", validation_alias=_env("ORTSERVE_HOST", "HOST"),
                       description="Address the server binds")

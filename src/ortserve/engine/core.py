@@ -1,16 +1,31 @@
 """The engine loop, in one thread: schedule -> run -> postprocess.
 
-The scheduler admits waiting sequences into free KV rows (prefill, within a token budget
-per step so running sequences keep decoding), then one batched decode step advances every
-running sequence, then each sequence samples, streams its text and retires when done.
+Each step the scheduler
+  * admits waiting sequences while KV rows and the KV byte budget allow,
+  * gives at most ``chunk_tokens`` prompt tokens to prefill (a long prompt is prefilled in
+    chunks over several steps, so running sequences keep decoding in between),
+  * preempts the newest sequence when decode growth would pass the KV budget (it is
+    re-admitted later by recomputing its prefix, so its tokens do not change);
+then the runner runs the prefill chunks and one batched decode step, and each sequence is
+postprocessed on its own (sample, stream text, retire).
+
+Failures stay with the request that caused them: a batched decode step that raises is
+retried row by row to find the culprit, and only that request ends with an error; a
+request whose own postprocess raises (sampling, detokenizing, a grammar) fails alone.
+
+Row layout: decoding sequences occupy KV rows ``0..d-1`` (kept compact), and the one
+sequence being prefilled in chunks, if any, sits at row ``d``.
 """
 
 from __future__ import annotations
 
 import collections
+import ctypes
 import logging
+import sys
 import threading
 import time
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -21,14 +36,34 @@ from ortserve.types import EngineStats, TokenEvent
 
 log = logging.getLogger("ortserve.engine")
 
+IDLE_CAPACITY = 256  # tokens per row kept when idle; more is given back
+# Decode tokens reserved at admission beyond the prefix. Reserving all of max_tokens would
+# leave most of the budget idle (answers usually stop early); past this, growth preempts.
+ADMIT_HEADROOM = 16
+
+
+class EngineCrash(BaseException):
+    """Tests: raised in the loop thread to kill it, as a fatal native error would."""
+
+
+@dataclass
+class Plan:
+    """What one step runs: prompt chunks to prefill, then one decode step over ``decode``."""
+
+    decode: list[Sequence] = field(default_factory=list)
+    prefill_budget: int = 0
+
 
 class EngineCore:
-    def __init__(self, runner: Runner, *, max_prefill_tokens: int = 512) -> None:
+    def __init__(self, runner: Runner, *, chunk_tokens: int = 512, kv_budget_bytes: int | None = None) -> None:
         self.runner = runner
         self.eos = set(runner.spec.eos_token_ids)
-        self.max_prefill_tokens = max_prefill_tokens
+        self.chunk_tokens = max(1, chunk_tokens)
+        self.kv_budget = kv_budget_bytes or (1 << 62)
+        runner.byte_limit = self.kv_budget
         self.waiting: collections.deque[Sequence] = collections.deque()
-        self.running: list[Sequence] = []
+        self.running: list[Sequence] = []        # decoding, rows 0..d-1
+        self.prefilling: Sequence | None = None  # being prefilled in chunks, row d
         self._cond = threading.Condition()
         self._aborts: set[str] = set()
         self._stop = False
@@ -40,7 +75,15 @@ class EngineCore:
         self.prefill_seconds = 0.0
         self.decode_tokens = 0
         self.decode_seconds = 0.0
-        self.fault: Exception | None = None  # set by tests to make the next step fail
+        self.preemptions = 0
+        self.failed_rows = 0
+        self.step_started: float | None = None  # monotonic time the current step began
+        self.died: str | None = None             # why the loop thread ended abnormally
+        # Tests: faults planted per request. "step" makes any model call that includes the
+        # request's row raise (as a broken kernel would); "postprocess" makes its sampling raise.
+        self.faults: dict[str, tuple[str, BaseException]] = {}
+        self.fault: Exception | None = None  # planted as a "step" fault on the next sequence scheduled
+        self.crash: BaseException | None = None  # raised in the loop thread, outside step isolation
 
     # ---- thread-safe API --------------------------------------------------
     def start(self) -> None:
@@ -67,76 +110,212 @@ class EngineCore:
             self._aborts.add(request_id)
             self._cond.notify()
 
+    def plant_fault(self, request_id: str, exc: BaseException, where: str = "step") -> None:
+        self.faults[request_id] = (where, exc)
+
+    def kill(self, exc: BaseException | None = None) -> None:
+        """Tests: make the loop thread die, as an uncaught native error would."""
+        with self._cond:
+            self.crash = exc or EngineCrash("engine thread killed")
+            self._cond.notify()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def stalled_for(self) -> float:
+        """Seconds the current step has been running (0 when idle)."""
+        started = self.step_started
+        return time.monotonic() - started if started is not None else 0.0
+
+    def fits(self, rows: int, tokens: int) -> bool:
+        """Whether ``rows`` KV rows of ``tokens`` tokens stay within the KV budget."""
+        return rows * tokens * self.runner.bytes_per_token <= self.kv_budget
+
     def stats(self) -> EngineStats:
         now = time.perf_counter()
         recent = [(t, n) for t, n in list(self._recent) if now - t < 5.0]
         tps = sum(n for _, n in recent) / 5.0 if recent else 0.0
-        return EngineStats(running=sum(not s.finished for s in self.running), waiting=len(self.waiting),
-                           tokens_per_second=tps, total_requests=self.total_requests,
-                           total_output_tokens=self.total_output_tokens)
+        busy = sum(not s.finished for s in list(self.running)) + (self.prefilling is not None)
+        return EngineStats(running=busy, waiting=len(self.waiting), tokens_per_second=tps,
+                           total_requests=self.total_requests, total_output_tokens=self.total_output_tokens)
 
     # ---- loop -------------------------------------------------------------
     def _loop(self) -> None:
-        while True:
-            with self._cond:
-                while not self._stop and not self.waiting and not self.running and not self._aborts:
-                    self._cond.wait()
-                if self._stop and not self.waiting and not self.running:
-                    return
-                aborts, self._aborts = self._aborts, set()
-            try:
-                self._apply_aborts(aborts)
-                self.step()
-            except Exception as exc:  # a failing step must not take the server down
-                log.exception("engine step failed")
-                self._fail_all(exc)
+        try:
+            while True:
+                with self._cond:
+                    while not (self._stop or self.waiting or self.running or self.prefilling
+                               or self._aborts or self.crash):
+                        self._cond.wait()
+                    if self.crash is not None:
+                        raise self.crash
+                    if self._stop and not self.waiting and not self.running and not self.prefilling:
+                        return
+                    aborts, self._aborts = self._aborts, set()
+                self.step_started = time.monotonic()
+                try:
+                    self._apply_aborts(aborts)
+                    self.step()
+                except Exception as exc:  # a bug outside per-request isolation: fail what runs, go on
+                    log.exception("engine step failed")
+                    self.fail_all(f"generation failed: {type(exc).__name__}: {exc}")
+                finally:
+                    self.step_started = None
+        except BaseException as exc:
+            self.died = f"{type(exc).__name__}: {exc}"
+            log.critical("engine thread died: %s", self.died)
+            raise
 
     def step(self) -> None:
-        self._admit()
-        if self.running:
-            if self.fault is not None:  # tests: fail this decode step, as a broken kernel would
-                fault, self.fault = self.fault, None
-                raise fault
-            self._decode()
-        elif self.runner.capacity > 1024:
-            self.runner.shrink()
+        plan = self._schedule()
+        self._prefill(plan.prefill_budget)
+        if plan.decode:
+            self._decode(plan.decode)
+        self._retire_finished()
+        if not self.running and not self.prefilling and not self.waiting:
+            self._release_idle_memory()
 
-    def _admit(self) -> None:
-        budget = self.max_prefill_tokens
-        admitted = 0
-        while len(self.running) < self.runner.slots:
-            with self._cond:
-                # always admit one; more only while they fit the step's prefill budget
-                if not self.waiting or (admitted and len(self.waiting[0].prompt_ids) > budget):
-                    return
-                seq = self.waiting.popleft()
-            admitted += 1
-            seq.row = len(self.running)
+    # ---- schedule ---------------------------------------------------------
+    def _schedule(self) -> Plan:
+        """Preempt while decode growth would pass the budget; the decode batch is what stays."""
+        while self.running or self.prefilling:
+            rows = len(self.running) + (self.prefilling is not None)
+            need = max([int(self.runner.lengths[s.row]) + 1 for s in self.running]
+                       + ([len(self.prefilling.prefix())] if self.prefilling else []))
+            if self.fits(rows, need) or rows == 1:
+                break
+            self._preempt_newest()
+        return Plan(decode=list(self.running), prefill_budget=self.chunk_tokens)
+
+    def _preempt_newest(self) -> None:
+        candidates = self.running + ([self.prefilling] if self.prefilling else [])
+        victim = max(candidates, key=lambda s: s.started_at or 0.0)
+        log.info("KV budget full: preempting %s (%d tokens), it resumes later", victim.id, victim.cached)
+        self.preemptions += 1
+        victim.preempted += 1
+        victim.cached = 0
+        victim.finished = True  # retire its row now
+        self._retire_finished()
+        victim.finished = False
+        victim.row = -1
+        with self._cond:
+            self.waiting.appendleft(victim)  # first to come back
+
+    def _admit_next(self) -> Sequence | None:
+        """The next waiting sequence into row d, if a row and the KV budget allow."""
+        with self._cond:
+            if not self.waiting or len(self.running) >= self.runner.slots:
+                return None
+            seq = self.waiting[0]
+            need = [int(self.runner.lengths[s.row]) + 1 for s in self.running]
+            # room for its prefix plus some decode growth, next to what already runs
+            want = min(len(seq.prefix()) + 1 + min(seq.params.max_tokens, ADMIT_HEADROOM),
+                       self.runner.spec.context_length)
+            if self.running and not self.fits(len(self.running) + 1, max(need + [want])):
+                return None
+            self.waiting.popleft()
+        if self.fault is not None:  # tests: the next scheduled sequence carries the fault
+            self.plant_fault(seq.id, self.fault)
+            self.fault = None
+        seq.row = len(self.running)
+        seq.cached = 0
+        if seq.started_at is None:
             seq.started_at = time.perf_counter()
-            self.running.append(seq)
-            t0 = time.perf_counter()
-            logits = self.runner.prefill(seq.row, seq.prompt_ids)
-            self.prefill_seconds += time.perf_counter() - t0
-            self.prefill_tokens += len(seq.prompt_ids)
-            budget -= len(seq.prompt_ids)
-            self._postprocess(seq, logits)
-            self._retire_finished()
+        return seq
 
-    def _decode(self) -> None:
-        tokens = np.fromiter((s.pending for s in self.running), dtype=np.int64, count=len(self.running))
+    # ---- run --------------------------------------------------------------
+    def _prefill(self, budget: int) -> None:
+        """Spend up to ``budget`` prompt tokens: finish the sequence in progress, then start new ones."""
+        while budget > 0:
+            seq = self.prefilling or self._admit_next()
+            if seq is None:
+                return
+            self.prefilling = seq
+            prefix = seq.prefix()
+            start = seq.cached
+            end = min(len(prefix), start + budget)
+            last = end == len(prefix)
+            t0 = time.perf_counter()
+            try:
+                self._check_fault(seq, "step")
+                logits = self.runner.prefill(seq.row, prefix[start:end], start=start, total=len(prefix))
+            except Exception as exc:  # noqa: BLE001 - whatever a kernel raises ends this request only
+                self.prefilling = None
+                self._fail(seq, exc)
+                self.runner.clear(seq.row)
+                continue
+            self.prefill_seconds += time.perf_counter() - t0
+            self.prefill_tokens += end - start
+            budget -= end - start
+            seq.cached = end
+            if not last:
+                return  # the rest in the next steps, between decode steps
+            self.prefilling = None
+            self.running.append(seq)
+            if seq.output_ids:  # resumed after preemption: its next token is already sampled
+                continue
+            self._postprocess(seq, logits)
+
+    def _decode(self, batch: list[Sequence]) -> None:
+        """One token for every sequence in ``batch`` (rows 0..n-1); a failing step is retried per row."""
+        n = len(batch)
+        tokens = np.fromiter((s.pending for s in batch), dtype=np.int64, count=n)
         t0 = time.perf_counter()
-        logits = self.runner.decode(tokens)
+        try:
+            for s in batch:
+                self._check_fault(s, "step")
+            logits = self.runner.decode(tokens)
+        except Exception as exc:  # noqa: BLE001 - any failure: find the culprit row by row
+            log.warning("batched decode of %d rows failed (%s: %s); retrying row by row", n,
+                        type(exc).__name__, exc)
+            self._decode_rows(batch, tokens)
+            return
         now = time.perf_counter()
-        self.decode_seconds += now - t0
-        self.decode_tokens += len(tokens)
-        self._recent.append((now, len(tokens)))
+        self._account_decode(now, now - t0, n)
+        for i, seq in enumerate(batch):
+            self._postprocess(seq, logits[i])
+
+    def _decode_rows(self, batch: list[Sequence], tokens: np.ndarray) -> None:
+        for i, seq in enumerate(batch):
+            t0 = time.perf_counter()
+            try:
+                self._check_fault(seq, "step")
+                logits = self.runner.decode(tokens[i:i + 1], start=i)
+            except Exception as exc:  # noqa: BLE001 - whatever a kernel raises ends this request only
+                self._fail(seq, exc)
+                continue
+            now = time.perf_counter()
+            self._account_decode(now, now - t0, 1)
+            self._postprocess(seq, logits[0])
+
+    def _account_decode(self, now: float, seconds: float, n: int) -> None:
+        self.decode_seconds += seconds
+        self.decode_tokens += n
+        self._recent.append((now, n))
         while self._recent and now - self._recent[0][0] > 5.0:
             self._recent.popleft()
-        for i, seq in enumerate(self.running):
-            self._postprocess(seq, logits[i])
-        self._retire_finished()
 
+    def _check_fault(self, seq: Sequence, where: str) -> None:
+        planted = self.faults.get(seq.id)
+        if planted is not None and planted[0] == where:
+            raise planted[1]
+
+    # ---- postprocess (per sequence) ---------------------------------------
     def _postprocess(self, seq: Sequence, logits: np.ndarray) -> None:
+        """Everything one sequence does with its logits row; what raises here ends only this request."""
+        if seq.finished:
+            return
+        try:
+            self._check_fault(seq, "postprocess")
+            token = self.select(seq, logits)
+            self._advance(seq, token)
+        except Exception as exc:
+            log.exception("request %s failed in postprocess", seq.id)
+            self._fail(seq, exc)
+
+    def select(self, seq: Sequence, logits: np.ndarray) -> int:
+        """Logits processors, then sampling: the token this sequence takes next."""
         p = seq.params
         if len(seq.output_ids) < p.min_tokens or p.ignore_eos:
             logits = logits.copy()
@@ -144,7 +323,10 @@ class EngineCore:
         elif p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty:
             logits = logits.copy()
         logits = apply_penalties(logits, p, seq.prompt_ids, seq.counts)
-        token = sample(logits, p, seq.rng)
+        return sample(logits, p, seq.rng)
+
+    def _advance(self, seq: Sequence, token: int) -> None:
+        """Take ``token``: stream its text, or finish on EOS, a stop string, max_tokens or the context."""
         if token in self.eos:
             self._finish(seq, "stop")
             return
@@ -153,7 +335,8 @@ class EngineCore:
         if seq.stop.stopped:
             self._emit(seq, text)
             self._finish(seq, "stop")
-        elif len(seq.output_ids) >= p.max_tokens:
+        elif (len(seq.output_ids) >= seq.params.max_tokens
+              or len(seq.prompt_ids) + len(seq.output_ids) >= self.runner.spec.context_length):
             self._emit(seq, text)
             self._finish(seq, "length")
         elif text:
@@ -163,11 +346,20 @@ class EngineCore:
         seq.sink(TokenEvent(request_id=seq.id, text=text, token_ids=ids or []))
 
     def _finish(self, seq: Sequence, reason: str, error: str | None = None) -> None:
+        if seq.finished:
+            return
         text = seq.tail() if reason in ("stop", "length") else ""
         seq.finished = True
+        self.faults.pop(seq.id, None)
         seq.sink(TokenEvent(request_id=seq.id, text=text, finished=True, finish_reason=reason,
                             metrics=seq.metrics(), error=error))
 
+    def _fail(self, seq: Sequence, exc: BaseException) -> None:
+        self.failed_rows += 1
+        log.warning("request %s failed alone: %s: %s", seq.id, type(exc).__name__, exc)
+        self._finish(seq, "error", error=f"generation failed: {type(exc).__name__}: {exc}")
+
+    # ---- retire -----------------------------------------------------------
     def _retire_finished(self) -> None:
         i = 0
         while i < len(self.running):
@@ -182,6 +374,13 @@ class EngineCore:
                     self.runner.clear(seq.row)
             else:
                 i += 1
+        p = self.prefilling
+        if p is not None and p.finished:
+            self.runner.clear(p.row)
+            self.prefilling = None
+        elif p is not None and p.row != len(self.running):  # keep it right after the decoding rows
+            self.runner.move(p.row, len(self.running))
+            p.row = len(self.running)
 
     def _apply_aborts(self, ids: set[str]) -> None:
         if not ids:
@@ -190,15 +389,39 @@ class EngineCore:
             queued = [s for s in self.waiting if s.id in ids]
             for s in queued:
                 self.waiting.remove(s)
-        for s in queued + [s for s in self.running if s.id in ids and not s.finished]:
+        active = self.running + ([self.prefilling] if self.prefilling else [])
+        for s in queued + [s for s in active if s.id in ids and not s.finished]:
             s.aborted = True
             self._finish(s, "abort")
         self._retire_finished()
 
-    def _fail_all(self, exc: Exception) -> None:
-        message = f"generation failed: {type(exc).__name__}: {exc}"
-        for s in self.running:
-            if not s.finished:
+    def fail_all(self, message: str) -> None:
+        """End every request, running and queued, with ``message`` (a broken loop, a restart)."""
+        with self._cond:
+            queued = list(self.waiting)
+            self.waiting.clear()
+        active = self.running + ([self.prefilling] if self.prefilling else [])
+        for s in active + queued:
+            try:
                 self._finish(s, "error", error=message)
+            except Exception:  # a sink that cannot take the event: nothing more to tell it
+                log.exception("could not deliver the error to %s", s.id)
         self.running.clear()
+        self.prefilling = None
         self.runner.lengths[:] = 0
+
+    def _release_idle_memory(self) -> None:
+        """Idle after long or many sequences: shrink the KV cache and hand the pages back."""
+        if self.runner.capacity > IDLE_CAPACITY or self.runner.rows > 1:
+            self.runner.shrink(IDLE_CAPACITY)
+            trim_heap()
+
+
+def trim_heap() -> None:
+    """Ask glibc to return freed heap pages to the system (numpy buffers under the mmap threshold
+    stay in the heap otherwise, and RSS never comes down)."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+        except (OSError, AttributeError):
+            pass

@@ -60,11 +60,29 @@ class LoadedModel:
         raise ModelError(f"could not load {self.dir} on any device: {'; '.join(errors)}")
 
 
+def kv_budget_bytes(model: LoadedModel, settings: Any = None) -> int:
+    """The KV cache budget: ``kv_cache_mb`` when set, else half the memory still free after the
+    model is loaded, minus the model's size again for activations (at least 256 MB), and never more
+    than every slot filled to the context."""
+    mb = int(getattr(settings, "kv_cache_mb", 0) or 0)
+    if mb:
+        return mb << 20
+    import psutil
+
+    model_bytes = sum(f.stat().st_size for f in model.dir.glob("*.onnx*") if f.is_file())
+    free = psutil.virtual_memory().available
+    runner = model.runner
+    full = runner.slots * model.context_length * runner.bytes_per_token
+    return int(min(full, max(256 << 20, (free - model_bytes) // 2)))
+
+
 class AsyncEngine:
     def __init__(self, model: LoadedModel, settings: Any = None) -> None:
         self.model = model
         self.codec = model.codec
-        self.core = EngineCore(model.runner)
+        self.settings = settings
+        self.core = EngineCore(model.runner, chunk_tokens=int(getattr(settings, "prefill_chunk", 512)),
+                               kv_budget_bytes=kv_budget_bytes(model, settings))
         self.max_queue = int(getattr(settings, "max_queue", 1 << 30))
 
     @classmethod
@@ -117,6 +135,15 @@ class AsyncEngine:
                 f"This model's maximum context length is {limit} tokens. However, you requested "
                 f"{len(ids) + params.max_tokens} tokens ({len(ids)} in the prompt, {params.max_tokens} "
                 f"in the completion). Please reduce the prompt or max_tokens.", param=param)
+        if not self.core.fits(1, len(ids) + params.max_tokens):
+            budget_mb = self.core.kv_budget >> 20
+            most = self.core.kv_budget // self.core.runner.bytes_per_token
+            raise InvalidRequest(
+                f"this request needs {len(ids) + params.max_tokens} tokens of KV cache ({len(ids)} in the "
+                f"prompt, {params.max_tokens} in the completion), more than this server's KV budget of "
+                f"{budget_mb} MB holds ({most} tokens); reduce the prompt or max_tokens, or raise kv_cache_mb",
+                param="max_tokens" if len(ids) < most else ("messages" if messages is not None else "prompt"),
+                code="kv_budget_exceeded")
         return ids, params
 
     def submit(self, *, prompt: str | None = None, messages: list[dict[str, Any]] | None = None,

@@ -96,6 +96,9 @@ class Runner:
         self.rows = 0
         self.kv: list[np.ndarray] = []
         self._bindings: dict[tuple[int, int, int], Any] = {}
+        # bytes one token takes in one row, keys and values of every layer
+        self.bytes_per_token = 2 * spec.layers * spec.kv_heads * spec.head_size * np.dtype(self.dtype).itemsize
+        self.byte_limit = 1 << 62  # the KV budget: growth stops short of it (the scheduler keeps within)
         self._grow(max(16, capacity), 1)
 
     # ---- cache management -------------------------------------------------
@@ -118,13 +121,28 @@ class Runner:
         self.rows = rows
         self._bindings = {}  # they point at the old buffers
 
+    @property
+    def nbytes(self) -> int:
+        return self.rows * self.capacity * self.bytes_per_token
+
     def ensure_capacity(self, tokens: int) -> None:
+        """Room for ``tokens`` per row: doubling (amortized copies) but not past the byte limit."""
         if tokens > self.capacity:
-            self._grow(max(tokens, min(2 * self.capacity, self.spec.context_length)), self.rows)
+            room = self.byte_limit // (self.rows * self.bytes_per_token)
+            self._grow(max(tokens, min(2 * self.capacity, self.spec.context_length, room)), self.rows)
 
     def ensure_rows(self, rows: int) -> None:
-        if rows > self.rows:
-            self._grow(self.capacity, max(rows, 2 * self.rows))
+        """Room for ``rows`` rows: doubling, but not past the byte limit (capacity gives way to
+        rows, down to what the rows in use hold)."""
+        if rows <= self.rows:
+            return
+        rows = min(max(rows, min(2 * self.rows, self.byte_limit // (self.capacity * self.bytes_per_token))),
+                   self.slots)
+        capacity = self.capacity
+        if rows * capacity * self.bytes_per_token > self.byte_limit:
+            used = int(self.lengths.max()) + 1
+            capacity = max(used, self.byte_limit // (rows * self.bytes_per_token))
+        self._grow(capacity, rows)
 
     def move(self, src: int, dst: int) -> None:
         """Copy row ``src`` into row ``dst`` (compaction when a sequence retires)."""
@@ -175,25 +193,27 @@ class Runner:
         self.session.run_with_iobinding(io)
         return io.get_outputs()[-1].numpy()
 
-    def prefill(self, row: int, ids: list[int]) -> np.ndarray:
-        """Run a whole prompt into an empty row; returns the last position's logits [vocab]."""
+    def prefill(self, row: int, ids: list[int], *, start: int = 0, total: int | None = None) -> np.ndarray:
+        """Run prompt tokens ``ids`` into ``row`` after the ``start`` tokens it already holds (a chunk
+        of a ``total``-token prefix); returns the last position's logits [vocab]."""
         n = len(ids)
         self.ensure_rows(row + 1)
-        self.ensure_capacity(n + 1)
+        self.ensure_capacity(max(total or 0, start + n) + 1)
         x = np.asarray([ids])
-        logits = self._run(slice(row, row + 1), x, np.ones_like(x))
-        self.lengths[row] = n
+        mask = np.ones((1, start + n), dtype=self.mask_dtype)
+        logits = self._run(slice(row, row + 1), x, mask)
+        self.lengths[row] = start + n
         return logits[0, -1].astype(np.float32, copy=False)
 
-    def decode(self, tokens: np.ndarray) -> np.ndarray:
-        """One token for each of rows 0..n-1 (n = len(tokens)); returns logits [n, vocab]."""
+    def decode(self, tokens: np.ndarray, start: int = 0) -> np.ndarray:
+        """One token for each of rows start..start+n-1 (n = len(tokens)); returns logits [n, vocab]."""
         n = len(tokens)
-        lengths = self.lengths[:n]
+        lengths = self.lengths[start:start + n]
         total = int(lengths.max()) + 1
         self.ensure_capacity(total)
         mask = (np.arange(total)[None, :] <= lengths[:, None]).astype(self.mask_dtype)
-        logits = self._run(slice(0, n), tokens.reshape(n, 1), mask, self._logits[:n])
-        self.lengths[:n] += 1
+        logits = self._run(slice(start, start + n), tokens.reshape(n, 1), mask, self._logits[:n])
+        lengths += 1
         return logits[:, -1].astype(np.float32, copy=False)
 
     def shrink(self, capacity: int = 256) -> None:

@@ -29,12 +29,19 @@ class Sequence:
     pending: int = -1               # sampled, emitted, not yet fed to the model
     first_token_at: float | None = None
     started_at: float | None = None
+    cached: int = 0                 # tokens of prefix() held in its KV row
+    preempted: int = 0              # times it gave its row back under KV pressure
     aborted: bool = False
     finished: bool = False
 
     def __post_init__(self) -> None:
         self.rng = np.random.default_rng(self.params.seed)
         self.stop = StopMatcher(self.params.stop)
+
+    def prefix(self) -> list[int]:
+        """The tokens its KV row must hold before the next decode step: the prompt, and after a
+        preemption also the outputs so far but the last (still pending, fed by the next decode)."""
+        return self.prompt_ids + self.output_ids[:-1] if self.output_ids else self.prompt_ids
 
     def accept(self, token: int) -> str:
         """Record an output token and return the text it releases (after stop handling)."""

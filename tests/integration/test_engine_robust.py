@@ -1,0 +1,116 @@
+"""The engine survives: chunked prefill, per-row failure isolation, KV budget admission and
+preemption, on the tiny model (real ONNX Runtime session, real KV cache)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from ortserve.config import load_settings
+from ortserve.engine import AsyncEngine
+from ortserve.errors import InvalidRequest
+from ortserve.types import SamplingParams
+
+GREEDY = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+PROMPTS = [f"Request {i}: a few words about the colour number {i * 13}." for i in range(6)]
+LONG = " ".join(f"item{i} is next to item{i + 1}." for i in range(60))  # ~600 tokens
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model: Path):
+    eng = AsyncEngine.load(tiny_model, load_settings(max_batch=8))
+    eng.core.start()
+    yield eng
+    eng.core.stop()
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+async def gather(engine: AsyncEngine, prompts: list[str], params: SamplingParams = GREEDY,
+                 ids: list[str] | None = None):
+    return await asyncio.gather(*(engine.generate(prompt=p, params=params,
+                                                  request_id=ids[i] if ids else None)
+                                  for i, p in enumerate(prompts)), return_exceptions=True)
+
+
+@pytest.fixture(scope="module")
+def singles(engine: AsyncEngine) -> list[str]:
+    return [run(engine.generate(prompt=p, params=GREEDY)).text for p in PROMPTS + [LONG]]
+
+
+def test_chunked_prefill_gives_the_same_tokens_and_interleaves_decode(engine, singles) -> None:
+    core = engine.core
+    whole = core.chunk_tokens
+    assert len(engine.codec.encode(LONG)) > 4 * 64
+    decoded_while_prefilling = []
+    orig_decode = core._decode
+
+    def spy(batch):  # runs in the engine thread: was a long prompt half prefilled at this step?
+        if core.prefilling is not None:
+            decoded_while_prefilling.append(len(batch))
+        orig_decode(batch)
+
+    core._decode = spy
+    core.chunk_tokens = 64
+    try:
+        async def scenario():
+            short = asyncio.ensure_future(engine.generate(prompt=PROMPTS[0], params=SamplingParams(
+                temperature=0, max_tokens=200, ignore_eos=True)))
+            await asyncio.sleep(0.05)
+            long = await engine.generate(prompt=LONG, params=GREEDY)
+            return long, await short
+        long, _ = run(scenario())
+        chunked_alone = run(engine.generate(prompt=LONG, params=GREEDY))
+    finally:
+        core.chunk_tokens = whole
+        del core._decode
+    assert long.text == chunked_alone.text == singles[-1]
+    assert decoded_while_prefilling, "running streams should decode between the chunks"
+
+
+def test_a_fault_in_one_row_ends_only_that_request(engine, singles) -> None:
+    for where in ("step", "postprocess"):
+        ids = [f"{where}-{i}" for i in range(4)]
+        engine.core.plant_fault(ids[2], RuntimeError(f"planted {where} fault"), where)
+        outs = run(gather(engine, PROMPTS[:4], ids=ids))
+        assert [o.text for i, o in enumerate(outs) if i != 2] == [singles[i] for i in (0, 1, 3)]
+        assert all(o.finish_reason == "length" for i, o in enumerate(outs) if i != 2)
+        assert outs[2].finish_reason == "error"
+        assert not engine.core.faults
+    assert engine.core.failed_rows >= 2
+    # and the engine keeps serving
+    assert run(engine.generate(prompt=PROMPTS[5], params=GREEDY)).text == singles[5]
+
+
+def test_forced_preemption_gives_the_same_greedy_tokens(engine, singles) -> None:
+    core = engine.core
+    bpt = core.runner.bytes_per_token
+    saved = core.kv_budget
+    # room for about two full sequences: six must take turns, preempting and recomputing
+    prompt_len = max(len(engine.codec.encode(p)) for p in PROMPTS)
+    core.kv_budget = core.runner.byte_limit = 3 * (prompt_len + GREEDY.max_tokens) * bpt
+    before = core.preemptions
+    try:
+        outs = run(gather(engine, PROMPTS))
+    finally:
+        core.kv_budget = core.runner.byte_limit = saved
+    assert core.preemptions > before
+    assert [o.text for o in outs] == singles[:6]
+    assert all(o.finish_reason == "length" for o in outs)
+
+
+def test_a_request_that_can_never_fit_is_refused_at_once(engine) -> None:
+    core = engine.core
+    saved = core.kv_budget
+    core.kv_budget = 100 * core.runner.bytes_per_token
+    try:
+        with pytest.raises(InvalidRequest) as err:
+            engine.prepare(prompt=PROMPTS[0], params=SamplingParams(max_tokens=200))
+    finally:
+        core.kv_budget = saved
+    assert err.value.status == 400 and err.value.param == "max_tokens"
+    assert err.value.code == "kv_budget_exceeded" and "kv_cache_mb" in err.value.message
