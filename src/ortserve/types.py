@@ -50,8 +50,9 @@ class SamplingParams:
             raise bad("min_tokens", f"must be an integer >= 0, got {self.min_tokens!r}")
         if self.min_tokens > self.max_tokens:
             raise bad("min_tokens", f"({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
-        if self.seed is not None and not isinstance(self.seed, int):
-            raise bad("seed", f"must be an integer, got {self.seed!r}")
+        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)
+                                      or not (-2**63 <= self.seed < 2**64)):
+            raise bad("seed", f"must be an integer in [-2**63, 2**64), got {self.seed!r}")
         if len(self.stop) > 4 or any(not isinstance(s, str) or not s for s in self.stop):
             raise bad("stop", "must be up to 4 non-empty strings")
         if not _finite(self.repetition_penalty) or not (0 < self.repetition_penalty <= 10):

@@ -13,6 +13,12 @@ from ortserve.types import SamplingParams
 _CANDIDATES = 1024  # top-p is computed over the most likely tokens first; full sort only if needed
 
 
+def make_rng(seed: int | None) -> np.random.Generator:
+    """A sequence's generator. Negative seeds (int64, as some clients send) are taken modulo 2**64,
+    so every seed in [-2**63, 2**64) is valid and distinct int64 seeds stay distinct."""
+    return np.random.default_rng(None if seed is None else seed & (2**64 - 1))
+
+
 def apply_penalties(logits: np.ndarray, params: SamplingParams, prompt_ids: list[int],
                     counts: dict[int, int]) -> np.ndarray:
     if params.repetition_penalty != 1.0:

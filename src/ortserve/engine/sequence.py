@@ -6,9 +6,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from ortserve.engine.detokenize import IncrementalDetokenizer, StopMatcher
+from ortserve.engine.sampler import make_rng
 from ortserve.types import Metrics, SamplingParams, TokenEvent
 
 Sink = Callable[[TokenEvent], None]
@@ -35,7 +34,7 @@ class Sequence:
     finished: bool = False
 
     def __post_init__(self) -> None:
-        self.rng = np.random.default_rng(self.params.seed)
+        self.rng = make_rng(self.params.seed)
         self.stop = StopMatcher(self.params.stop)
 
     def prefix(self) -> list[int]:

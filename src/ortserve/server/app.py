@@ -87,6 +87,9 @@ def validation_to_error(err: RequestValidationError) -> OrtServeError:
         return InvalidRequest("the request body is not valid JSON", code="invalid_json")
     param = ".".join(loc) or None
     msg = str(first.get("msg", "invalid request")).removeprefix("Value error, ")
+    if first.get("type") == "extra_forbidden":  # the request contract: no silently ignored fields
+        return InvalidRequest(f"Unrecognized request argument supplied: {param}", param=param,
+                              code="unknown_parameter")
     if first.get("type") == "missing":
         return InvalidRequest(f"'{param}' is required", param=param, code="missing_required_parameter")
     return InvalidRequest(f"'{param}': {msg}" if param else msg, param=param)

@@ -1,30 +1,127 @@
-"""Wire models: the JSON the server accepts, each converting itself to SamplingParams."""
+"""Wire models: the JSON the server accepts, each converting itself to SamplingParams.
+
+The request contract: every field a client may send is in exactly one of three states, and
+docs/api-fields.md lists them all per endpoint.
+
+- **supported**: a field of the model below; it changes the answer as documented.
+- **ignored-safe**: in ``IGNORED``; an OpenAI field with no local meaning (``user``,
+  ``service_tier``...). Accepted and dropped, because it cannot change the answer.
+- **refused**: in ``REFUSED`` with the reason; a 400 naming the field. A ``null`` value is the
+  same as leaving the field out and is accepted.
+
+Anything else is an unknown field: a 400 ``unknown_parameter`` naming it (``extra="forbid"``,
+turned into the OpenAI error shape by server.app.validation_to_error), as OpenAI does.
+
+Supporting a new field is one line: add it to the model (and drop it from ``REFUSED``).
+"""
 
 from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ortserve.errors import InvalidRequest
 from ortserve.types import SamplingParams
 
+# OpenAI fields with no local meaning: accepted, dropped, listed in docs/api-fields.md.
+OPENAI_IGNORED = frozenset({"user", "service_tier", "prompt_cache_key", "safety_identifier"})
 
-class Message(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+_TOOLS = "tool calling is not available in this build"
+# Fields that would change the answer but that ortserve does not do. Value: why, for the 400.
+OPENAI_REFUSED: dict[str, str] = {
+    "tools": _TOOLS, "tool_choice": _TOOLS, "parallel_tool_calls": _TOOLS,
+    "functions": _TOOLS + " (legacy functions)", "function_call": _TOOLS + " (legacy functions)",
+    "top_logprobs": "logprobs are not supported",
+    "audio": "audio output is not supported",
+    "prediction": "predicted outputs are not supported",
+    "reasoning_effort": "the served models do not reason",
+    "verbosity": "the served models have no verbosity control",
+    "web_search_options": "web search is not supported (ortserve is offline)",
+    # llama.cpp / Ollama names that do not map exactly onto ours
+    "repeat_penalty": "llama.cpp's repeat_penalty only looks at the last repeat_last_n tokens; "
+                      "use repetition_penalty (whole context)",
+    "repeat_last_n": "not supported; repetition_penalty covers the whole context",
+    "penalize_nl": "not supported",
+    "num_predict": "use max_tokens",
+    "n_predict": "use max_tokens",
+    "mirostat": "mirostat sampling is not supported",
+    "mirostat_tau": "mirostat sampling is not supported",
+    "mirostat_eta": "mirostat sampling is not supported",
+    "tfs_z": "tail-free sampling is not supported",
+    "top_n_sigma": "top-n-sigma sampling is not supported",
+    "dry_multiplier": "DRY sampling is not supported",
+    "xtc_probability": "XTC sampling is not supported",
+    "grammar": "grammars are not supported",
+    "json_schema": "JSON schemas are not supported",
+    "cache_prompt": "not supported",
+}
+
+
+def _refuse(field: str, why: str) -> InvalidRequest:
+    return InvalidRequest(f"'{field}' is not supported by ortserve: {why}", param=field,
+                          code="unsupported_parameter")
+
+
+class _Contract(BaseModel):
+    """A request body: unknown fields are a 400, allow-listed ones dropped, refused ones a 400."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    IGNORED: ClassVar[frozenset[str]] = frozenset()
+    REFUSED: ClassVar[dict[str, str]] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _contract(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        for key, value in data.items():
+            if key in cls.REFUSED and value is not None:
+                raise _refuse(key, cls.REFUSED[key])
+        return {k: v for k, v in data.items() if k not in cls.IGNORED and k not in cls.REFUSED}
+
+
+class Message(_Contract):
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: str | list[dict[str, Any]] | None = ""
+    # What the openai client echoes back on assistant messages (null or empty): accepted as such.
+    IGNORED: ClassVar[frozenset[str]] = frozenset({"annotations"})
+    REFUSED: ClassVar[dict[str, str]] = {
+        "name": "participant names are not part of the served models' chat templates",
+        "tool_calls": _TOOLS, "tool_call_id": _TOOLS, "function_call": _TOOLS,
+        "audio": "audio is not supported", "refusal": "refusal messages are not supported",
+    }
+
+    @field_validator("content")
+    @classmethod
+    def _text_parts_only(cls, parts: Any) -> Any:
+        if isinstance(parts, list):
+            for p in parts:
+                kind = p.get("type")
+                if kind != "text" or not isinstance(p.get("text"), str):
+                    raise ValueError(f"content parts of type {kind!r} are not supported (text only)")
+        return parts
 
     def plain(self) -> dict[str, str]:
         content = self.content
-        if isinstance(content, list):  # OpenAI content parts: keep the text ones
-            content = "".join(p.get("text", "") for p in content if p.get("type") == "text")
+        if isinstance(content, list):  # OpenAI content parts: all text (checked above)
+            content = "".join(p["text"] for p in content)
         role = "system" if self.role == "developer" else self.role
         return {"role": role, "content": content or ""}
 
 
-class _Sampling(BaseModel):
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+def _check_messages(data: Any) -> Any:
+    """Name a refused message field with its path (messages.2.tool_calls), like pydantic's locs."""
+    if isinstance(data, dict) and isinstance(data.get("messages"), list):
+        for i, m in enumerate(data["messages"]):
+            if isinstance(m, dict):
+                for key, value in m.items():
+                    if key in Message.REFUSED and value is not None:
+                        raise _refuse(f"messages.{i}.{key}", Message.REFUSED[key])
+    return data
+
+
+class _Sampling(_Contract):
     model: str | None = None
     temperature: float | None = None
     top_p: float | None = None
@@ -38,6 +135,7 @@ class _Sampling(BaseModel):
     frequency_penalty: float | None = None
 
     default_temperature: ClassVar[float] = 1.0
+    REFUSED: ClassVar[dict[str, str]] = OPENAI_REFUSED
 
     def to_sampling_params(self, default_max_tokens: int, max_tokens_cap: int,
                            max_tokens: int | None = None) -> SamplingParams:
@@ -60,15 +158,27 @@ class SeedChatRequest(_Sampling):
     """The seed's /v1/chat and /v1/chat/stream body."""
 
     messages: list[Message] = Field(min_length=1)
+    stream: bool | None = None  # must agree with the route: /v1/chat/stream streams, /v1/chat does not
     default_temperature: ClassVar[float] = 0.7
+
+    def check_stream(self, streaming: bool) -> None:
+        if self.stream is not None and self.stream != streaming:
+            where = "/v1/chat/stream" if self.stream else "/v1/chat"
+            raise InvalidRequest(f"'stream' is {str(self.stream).lower()} on this route; use {where}",
+                                 param="stream")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _messages(cls, data: Any) -> Any:
+        return _check_messages(data)
 
     def plain_messages(self) -> list[dict[str, str]]:
         return [m.plain() for m in self.messages]
 
 
-class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+class StreamOptions(_Contract):
     include_usage: bool = False
+    IGNORED: ClassVar[frozenset[str]] = frozenset({"include_obfuscation"})  # padding against side channels
 
 
 class ChatCompletionRequest(_Sampling):
@@ -78,14 +188,43 @@ class ChatCompletionRequest(_Sampling):
     n: int = Field(1, ge=1, le=16)
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
-    metadata: dict[str, Any] | None = None
-    user: str | None = None
+    metadata: dict[str, Any] | None = None  # routing hints (privacy, local_only, complexity...)
+    store: bool | None = None
+    modalities: list[str] | None = None
+    response_format: dict[str, Any] | None = None
+    IGNORED: ClassVar[frozenset[str]] = OPENAI_IGNORED
+
+    @model_validator(mode="before")
+    @classmethod
+    def _messages(cls, data: Any) -> Any:
+        return _check_messages(data)
 
     @field_validator("logprobs")
     @classmethod
     def _no_logprobs(cls, v: Any) -> Any:
         if v:
             raise ValueError("logprobs are not supported by ortserve")
+        return v
+
+    @field_validator("store")
+    @classmethod
+    def _no_store(cls, v: Any) -> Any:
+        if v:
+            raise ValueError("stored completions are not supported by ortserve (store: false only)")
+        return v
+
+    @field_validator("modalities")
+    @classmethod
+    def _text_only(cls, v: Any) -> Any:
+        if v is not None and v != ["text"]:
+            raise ValueError("only the text modality is supported by ortserve")
+        return v
+
+    @field_validator("response_format")
+    @classmethod
+    def _text_format(cls, v: Any) -> Any:
+        if v is not None and v != {"type": "text"}:
+            raise ValueError(f"response_format {v.get('type')!r} is not supported by ortserve (text only)")
         return v
 
     def plain_messages(self) -> list[dict[str, str]]:
@@ -100,10 +239,12 @@ class CompletionRequest(_Sampling):
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = Field(1, ge=1, le=16)
+    best_of: int | None = None
     echo: bool = False
     logprobs: int | None = None
     suffix: str | None = None
     max_tokens: int | None = 16  # OpenAI's default for completions
+    IGNORED: ClassVar[frozenset[str]] = OPENAI_IGNORED
 
     @field_validator("logprobs", "suffix")
     @classmethod
@@ -111,6 +252,13 @@ class CompletionRequest(_Sampling):
         if v:
             raise ValueError("not supported by ortserve")
         return v
+
+    @model_validator(mode="after")
+    def _best_of_is_n(self) -> CompletionRequest:
+        if self.best_of is not None and self.best_of != self.n:
+            raise InvalidRequest("'best_of' other than n is not supported by ortserve (no ranking of candidates)",
+                                 param="best_of", code="unsupported_parameter")
+        return self
 
     def prompts(self) -> list[str]:
         return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)

@@ -50,8 +50,9 @@ async def metrics(request: Request) -> Response:
     return Response(state_of(request).metrics.render(), media_type="text/plain; version=0.0.4")
 
 
-def _submit(body: SeedChatRequest, request: Request) -> tuple[ServerState, Any, RequestHandle]:
+def _submit(body: SeedChatRequest, request: Request, streaming: bool) -> tuple[ServerState, Any, RequestHandle]:
     """Validate, queue, and label the request's telemetry span: what both seed routes do first."""
+    body.check_stream(streaming)
     st = state_of(request)
     engine = st.ready_engine()
     params = body.to_sampling_params(st.settings.default_max_tokens, st.settings.max_tokens_cap)
@@ -62,7 +63,7 @@ def _submit(body: SeedChatRequest, request: Request) -> tuple[ServerState, Any, 
 
 @router.post("/v1/chat")
 async def chat(body: SeedChatRequest, request: Request) -> dict[str, Any]:
-    st, span, handle = _submit(body, request)
+    st, span, handle = _submit(body, request, streaming=False)
     answer = await unless_disconnected(request, collect(handle))
     st.record(span, answer.metrics, answer.finish_reason)
     return {"content": answer.text, "finish_reason": answer.finish_reason, "metrics": answer.metrics.to_dict()}
@@ -70,7 +71,7 @@ async def chat(body: SeedChatRequest, request: Request) -> dict[str, Any]:
 
 @router.post("/v1/chat/stream")
 async def chat_stream(body: SeedChatRequest, request: Request) -> StreamingResponse:
-    st, span, handle = _submit(body, request)
+    st, span, handle = _submit(body, request, streaming=True)
 
     async def events() -> AsyncIterator[str]:
         async for ev in handle:
