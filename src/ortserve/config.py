@@ -51,6 +51,9 @@ class Settings(BaseSettings):
     thread_spinning: bool = Field(False, validation_alias=_env("ORTSERVE_THREAD_SPINNING"),
                                   description="Let ONNX Runtime worker threads spin while waiting "
                                               "(faster on an idle machine, much slower on a busy one)")
+    auto_build_gpu: bool = Field(True, validation_alias=_env("ORTSERVE_AUTO_BUILD_GPU"),
+                                 description="With device auto on a GPU, build the model's GPU variant "
+                                             "when only CPU variants are installed (needs the convert extra)")
     enable_mem_arena: bool = Field(True, validation_alias=_env("ORTSERVE_MEM_ARENA"),
                                    description="ONNX Runtime CPU memory arena")
     prefill_chunk: int = Field(512, ge=16, validation_alias=_env("ORTSERVE_PREFILL_CHUNK"),

@@ -115,6 +115,6 @@ def require_genai():  # type: ignore[no-untyped-def]
     except ImportError as exc:  # pragma: no cover - exercised by the CLI test via env
         raise DependencyMissing(
             "onnxruntime-genai not installed",
-            hint="pip install onnxruntime-genai (GPU: onnxruntime-genai-cuda or onnxruntime-genai-directml)",
+            hint="pip install 'ortserve[cpu]' (GPU: 'ortserve[cuda]' or 'ortserve[directml]'; one of them only)",
         ) from exc
     return og

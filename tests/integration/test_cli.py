@@ -41,11 +41,12 @@ def test_info_json_and_config(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     info = json.loads(r.stdout)
     for key in ("os", "cpu", "ram_gb", "gpus", "onnxruntime", "onnxruntime_genai", "providers", "store",
-                "selected_device", "auto_variant"):
+                "selected_device", "auto_variant", "install", "gpu_memory"):
         assert key in info
     assert info["cpu"]["logical_cores"] >= 1 and isinstance(info["cpu"]["simd"], list)
     assert info["selected_device"]["device"] == "cpu"  # auto picks CPU on this machine
     assert "CPUExecutionProvider" in info["providers"]
+    assert info["install"]["ok"] and info["install"]["runtimes"] == ["onnxruntime"], info["install"]
     r = run(["config"], tmp_path, ORTSERVE_MAX_QUEUE="17")
     assert r.returncode == 0 and "max_queue" in r.stdout and "17" in r.stdout and "GENAI_MODEL_DIR" in r.stdout
     data = json.loads(run(["config", "--json"], tmp_path, PORT="8123").stdout)
@@ -53,7 +54,7 @@ def test_info_json_and_config(tmp_path: Path) -> None:
 
 
 def test_unavailable_device_names_the_package(tiny_model: Path, tmp_path: Path) -> None:
-    for device, package in (("cuda", "onnxruntime-genai-cuda"), ("dml", "onnxruntime-genai-directml")):
+    for device, package in (("cuda", "'ortserve[cuda]'"), ("dml", "'ortserve[directml]'")):
         r = run(["ask", "hi", "--model", str(tiny_model), "--device", device], tmp_path)
         assert r.returncode == 1 and package in r.stderr and "Traceback" not in r.stderr
         assert r.stderr.count("\n") == 1

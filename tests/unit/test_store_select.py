@@ -98,3 +98,33 @@ def test_unknown_refs_fail_with_a_hint(store: ModelStore, tmp_path: Path) -> Non
         resolve(store, "nothing-here", "cpu")
     with pytest.raises(ModelError, match="does not exist"):
         resolve(store, str(tmp_path / "missing-dir"), "cpu")
+
+
+CUDA_MACHINE = {"cuda": True, "dml": False, "webgpu": False}
+CPU_MACHINE = {"cuda": False, "dml": False, "webgpu": False}
+
+
+def test_auto_on_a_cuda_machine_takes_the_best_gpu_variant_within_budget(store: ModelStore) -> None:
+    add(store, "m", "q4_1-cpu", "q4_1", "cpu", 0.0, 140.0)
+    add(store, "m", "fp16-cuda", "fp16", "cuda", 0.01, 900.0)
+    add(store, "m", "int4-cuda", "int4", "cuda", 0.6, 1400.0)
+    add(store, "m", "int4-rtn-cuda", "int4", "cuda", 25.0, 1600.0)
+    r = resolve(store, "m", "auto", have=CUDA_MACHINE)
+    assert r.device == "cuda" and r.model_id == "m:int4-cuda", r.reason
+    assert "int4-rtn-cuda is faster" in r.reason  # and why it was passed over
+    # the same store on a machine without a GPU serves the CPU variant
+    assert resolve(store, "m", "auto", have=CPU_MACHINE).model_id == "m:q4_1-cpu"
+
+
+def test_auto_on_a_cuda_machine_without_gpu_variant_says_how_to_build_one(store: ModelStore) -> None:
+    add(store, "m", "q4_1-cpu", "q4_1", "cpu", 0.0, 140.0)
+    r = resolve(store, "m", "auto", have=CUDA_MACHINE)
+    assert r.model_id == "m:q4_1-cpu" and r.device == "cuda"
+    assert "no cuda variant installed" in r.reason and "--device cuda --precision fp16" in r.reason
+
+
+def test_auto_prefers_directml_variants_on_a_directml_machine(store: ModelStore) -> None:
+    add(store, "m", "q4_1-cpu", "q4_1", "cpu", 0.0)
+    add(store, "m", "int4-dml", "int4", "dml", 0.5)
+    r = resolve(store, "m", "auto", have={"cuda": False, "dml": True, "webgpu": False})
+    assert r.model_id == "m:int4-dml" and r.device == "dml"

@@ -41,7 +41,8 @@ def cpu_facts() -> dict[str, Any]:
 def machine_info(settings: Any) -> dict[str, Any]:
     import psutil
 
-    from ortserve.engine.runtime import available_devices, candidates
+    from ortserve.engine.packages import check_install
+    from ortserve.engine.runtime import available_devices, candidates, gpu_facts
     from ortserve.models.store import ModelStore
 
     def version(dist: str) -> str | None:
@@ -62,13 +63,20 @@ def machine_info(settings: Any) -> dict[str, Any]:
     return {
         "os": f"{platform.system()} {platform.release()}", "python": platform.python_version(),
         "cpu": cpu_facts(), "ram_gb": round(psutil.virtual_memory().total / 2**30, 1),
-        "gpus": [d for d in ("cuda", "dml", "webgpu") if devices.get(d)],
-        "onnxruntime": version("onnxruntime"), "onnxruntime_genai": version("onnxruntime-genai"),
+        "gpus": [d for d in ("cuda", "dml", "webgpu") if devices.get(d)], "gpu_memory": gpu_facts(),
+        "install": check_install().to_dict(),
+        "onnxruntime": ort.__version__, "onnxruntime_genai": _genai_version(version),
         "providers": ort.get_available_providers(), "devices": devices, "selected_device": device,
         "store": {"path": str(store.root), "size_mb": round(store.size() / 2**20, 1),
                   "variants": [v.id for v in store.variants()]},
         "auto_variant": _auto_variant(store, settings),
     }
+
+
+def _genai_version(version: Any) -> str | None:
+    from ortserve.engine.packages import GENAI
+
+    return next((f"{v} ({d})" for d in GENAI if (v := version(d))), None)
 
 
 def _auto_variant(store: Any, settings: Any) -> dict[str, Any]:
@@ -101,6 +109,8 @@ def info(as_json: bool, device: str | None) -> None:
         f"SIMD          {', '.join(cpu['simd']) or 'none detected'}",
         f"RAM           {data['ram_gb']} GB",
         f"GPUs          {', '.join(data['gpus']) or 'none usable'}",
+        *(f"GPU {g['index']}         {g['name']}: {g['memory_free_mb']} of {g['memory_total_mb']} MiB free"
+          for g in data["gpu_memory"]),
         f"onnxruntime   {data['onnxruntime']}   onnxruntime-genai {data['onnxruntime_genai']}",
         f"Providers     {', '.join(data['providers'])}",
         (f"Device        {data['selected_device'].get('device', '?')} "
@@ -109,6 +119,12 @@ def info(as_json: bool, device: str | None) -> None:
          f"{len(data['store']['variants'])} variants)"),
         f"Auto picks    {data['auto_variant']['variant'] or '-'} ({data['auto_variant']['why']})",
     ]
+    install = data["install"]
+    if install["ok"]:
+        lines.append(f"Install       ok: {' + '.join(install['runtimes'] + install['genai'])}")
+    else:
+        lines += [f"Install       BROKEN: {p}" for p in install["problems"]]
+        lines.append(f"Fix           {install['fix']}")
     click.echo("\n".join(lines))
 
 

@@ -18,8 +18,8 @@ ORDER = ("cuda", "dml", "webgpu", "cpu")
 PROVIDERS = {"cuda": "CUDAExecutionProvider", "dml": "DmlExecutionProvider",
              "webgpu": "WebGpuExecutionProvider", "openvino": "OpenVINOExecutionProvider",
              "cpu": "CPUExecutionProvider"}
-PACKAGES = {"cuda": "onnxruntime-genai-cuda", "dml": "onnxruntime-genai-directml",
-            "webgpu": "onnxruntime-genai-webgpu", "openvino": "onnxruntime-openvino"}
+# the extra of ortserve that installs each device's runtime pair (see engine/packages.py)
+EXTRAS = {"cuda": "cuda", "dml": "directml", "cpu": "cpu"}
 
 
 @dataclass
@@ -48,15 +48,17 @@ def available_devices() -> dict[str, bool]:
     return out
 
 
-def candidates(requested: str) -> list[DeviceChoice]:
-    """Devices to try, in order. An explicit device that is not available is an error."""
-    have = available_devices()
+def candidates(requested: str, have: dict[str, bool] | None = None) -> list[DeviceChoice]:
+    """Devices to try, in order. An explicit device that is not available is an error.
+
+    ``have`` replaces the probe of this machine (tests fake a CUDA machine with it).
+    """
+    have = available_devices() if have is None else {**have, "cpu": True}
     if requested != "auto":
         if not have.get(requested):
-            pkg = PACKAGES.get(requested, "onnxruntime")
             raise DependencyMissing(f"device {requested!r} is not available on this machine "
                                     f"({PROVIDERS.get(requested, requested)} missing)",
-                                    hint=f"pip install {pkg}, or use --device cpu / --device auto")
+                                    hint=missing_device_hint(requested))
         return [DeviceChoice(requested, PROVIDERS[requested], "requested")]
     out = []
     skipped = [d for d in ORDER if not have.get(d)]
@@ -67,6 +69,49 @@ def candidates(requested: str) -> list[DeviceChoice]:
                 why = f"auto: {', '.join(skipped)} not available"
             out.append(DeviceChoice(d, PROVIDERS[d], why))
     return out
+
+
+def gpu_facts(nvidia_smi: str = "nvidia-smi") -> list[dict[str, Any]]:
+    """Name and memory (MiB) of each NVIDIA GPU, from nvidia-smi; [] where there is none."""
+    import shutil
+    import subprocess
+
+    exe = shutil.which(nvidia_smi)
+    if exe is None:
+        return []
+    try:
+        out = subprocess.run([exe, "--query-gpu=index,name,memory.total,memory.free",
+                              "--format=csv,noheader,nounits"], capture_output=True, text=True,
+                             encoding="utf-8", timeout=10, check=True).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        log.warning("nvidia-smi failed: %s", exc)
+        return []
+    gpus = []
+    for line in out.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 4 and parts[2].isdigit() and parts[3].isdigit():
+            gpus.append({"index": int(parts[0]), "name": parts[1], "memory_total_mb": int(parts[2]),
+                         "memory_free_mb": int(parts[3])})
+    return gpus
+
+
+def missing_device_hint(device: str) -> str:
+    """What actually fixes a missing provider, given what is installed now."""
+    from ortserve.engine.packages import check_install
+
+    report = check_install()
+    if not report.ok:  # a clash hides the GPU build: repair it rather than install more
+        return f"{report.problems[0]}; fix: {report.fix}"
+    extra = EXTRAS.get(device)
+    if device == "cuda" and "onnxruntime-gpu" in report.runtimes:
+        return ("onnxruntime-gpu is installed but cannot load CUDA: install the NVIDIA driver and the CUDA "
+                "12/13 runtime with cuDNN 9 (or `pip install 'onnxruntime-gpu[cuda,cudnn]'`), "
+                "or use --device cpu / --device auto")
+    if extra is None:
+        return f"this build of ortserve has no package for {device}; use --device cpu / --device auto"
+    fix = f"python -m pip uninstall -y {' '.join(report.runtimes + report.genai)} && " if report.genai else ""
+    return (f"{fix}pip install 'ortserve[{extra}]' (exactly one onnxruntime build per environment), "
+            "or use --device cpu / --device auto")
 
 
 def session_options(settings: Any, model_options: dict[str, Any] | None = None) -> Any:

@@ -5,7 +5,8 @@
 Rules, in order:
 1. a ref that is an existing directory is used as-is (the seed's GENAI_MODEL_DIR);
 2. ``model:variant`` names one variant explicitly;
-3. a model id or alias: among the variants built for ``device`` (falling back to CPU
+3. a model id or alias: among the variants built for ``device`` (``auto``: the first of
+   cuda > dml > webgpu > cpu this machine can run; falling back to CPU
    variants, which every provider can run), take the fastest variant whose measured
    perplexity is within 1% of the fp32 reference; without speed measurements, take the
    device's preferred precision (CPU: the measured default int8; CUDA: fp16 then int4;
@@ -30,7 +31,7 @@ PREFERRED_PRECISIONS: dict[str, tuple[str, ...]] = {
     "webgpu": ("int4", "fp16", "int8", "fp32"),
 }
 # Devices without variants of their own run CPU builds.
-_BUILD_DEVICE = {"auto": "cpu", "openvino": "cpu", "directml": "dml", "gpu": "cuda"}
+_BUILD_DEVICE = {"openvino": "cpu", "directml": "dml", "gpu": "cuda"}
 
 
 @dataclass(frozen=True)
@@ -42,10 +43,23 @@ class Resolution:
     variant: Variant | None    # None for a directory path
 
 
-def resolve(store: ModelStore, ref: str | None, device: str = "cpu") -> Resolution:
-    """The best installed variant of ``ref`` for ``device`` (cpu, cuda, dml, webgpu, auto, openvino)."""
+def build_device_for(device: str, have: dict[str, bool] | None = None) -> str:
+    """The device whose variants to look for: ``auto`` means the best provider this machine has."""
+    if device == "auto":
+        from ortserve.engine.runtime import candidates
+
+        device = candidates("auto", have)[0].device
+    return _BUILD_DEVICE.get(device, device)
+
+
+def resolve(store: ModelStore, ref: str | None, device: str = "cpu",
+            have: dict[str, bool] | None = None) -> Resolution:
+    """The best installed variant of ``ref`` for ``device`` (cpu, cuda, dml, webgpu, auto, openvino).
+
+    ``have`` replaces the probe of this machine's providers (tests fake a GPU with it).
+    """
     ref = (ref or DEFAULT_MODEL).strip()
-    build_device = _BUILD_DEVICE.get(device, device)
+    build_device = build_device_for(device, have)
     as_path = Path(ref).expanduser()
     if as_path.is_dir():
         return Resolution(as_path, as_path.name, build_device, f"{as_path} is a directory: used as-is", None)
