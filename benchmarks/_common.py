@@ -44,7 +44,7 @@ def pct(xs: list[float], q: float) -> float:
     if not xs:
         return 0.0
     s = sorted(xs)
-    return float(s[min(len(s) - 1, int(round(q * (len(s) - 1))))])
+    return float(s[min(len(s) - 1, round(q * (len(s) - 1)))])
 
 
 def emit(result: dict[str, Any]) -> None:

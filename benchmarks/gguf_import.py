@@ -42,10 +42,10 @@ def say(msg: str) -> None:
 
 def set_threads(model_dir: Path, threads: int) -> None:
     path = model_dir / "genai_config.json"
-    cfg = json.loads(path.read_text())
+    cfg = json.loads(path.read_text(encoding="utf-8"))
     opts = cfg["model"]["decoder"].setdefault("session_options", {})
     opts.update(intra_op_num_threads=threads, inter_op_num_threads=1)
-    path.write_text(json.dumps(cfg, indent=4))
+    path.write_text(json.dumps(cfg, indent=4), encoding="utf-8")
 
 
 class OrtRunner:
@@ -176,7 +176,7 @@ def main() -> None:
     try:
         exact, saved = work / "exact", work / "exact-report.json"
         if args.reuse and saved.is_file():
-            report, q, import_s = json.loads(saved.read_text()).values()
+            report, q, import_s = json.loads(saved.read_text(encoding="utf-8")).values()
         else:
             shutil.rmtree(exact, ignore_errors=True)
             t0 = time.monotonic()
@@ -185,7 +185,7 @@ def main() -> None:
             ref_dir = Path(report.pop("reference_dir"))
             say("measuring perplexity")
             q = quality(exact, ref_dir)
-            saved.write_text(json.dumps({"report": report, "quality": q, "seconds": import_s}))
+            saved.write_text(json.dumps({"report": report, "quality": q, "seconds": import_s}), encoding="utf-8")
         result: dict[str, Any] = {"gguf": gguf.name, "threads": args.threads, "cpus": os.cpu_count(),
                                   "import_seconds": round(import_s, 1), "exact_import": report, "perplexity": q}
         runners: dict[str, Any] = {}
@@ -200,7 +200,7 @@ def main() -> None:
                 set_threads(work / name, args.threads)
                 q[f"builder_{name}"] = {k: v for k, v in b.items() if k != "dir"}
                 runners[f"builder_{name}"] = OrtRunner(work / name).run
-            saved.write_text(json.dumps({"report": report, "quality": q, "seconds": import_s}))
+            saved.write_text(json.dumps({"report": report, "quality": q, "seconds": import_s}), encoding="utf-8")
         prompt = ort_exact.encode(PROMPT * (args.prompt_tokens // 8 + 8))[:args.prompt_tokens]
         try:
             runners["llama_cpp"] = LlamaCppRunner(gguf, args.threads, args.prompt_tokens + args.new_tokens + 64).run

@@ -6,7 +6,7 @@ import socket
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import httpx
 import uvicorn
@@ -32,7 +32,7 @@ class ServerThread:
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.url = f"http://127.0.0.1:{self.port}"
 
-    def __enter__(self) -> ServerThread:
+    def __enter__(self) -> Self:
         self.thread.start()
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:

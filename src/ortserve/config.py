@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-import sys
+import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
@@ -149,13 +149,9 @@ def read_config_file(path: Path) -> dict[str, Any]:
     if path.suffix == ".json":
         data = json.loads(text)
     else:
-        if sys.version_info >= (3, 11):
-            import tomllib
-        else:  # pragma: no cover
-            import tomli as tomllib
         data = tomllib.loads(text)
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a table of settings")
+        raise ValueError(f"{path}: expected a table of settings")  # noqa: TRY004 (callers catch ValueError)
     return data.get("ortserve", data) if isinstance(data.get("ortserve"), dict) else data
 
 

@@ -22,7 +22,7 @@ def test_bench_quick_writes_json_markdown_and_charts(tiny_model: Path, tmp_path:
     res = CliRunner().invoke(cli, args, catch_exceptions=False)
     assert res.exit_code == 0, res.output
 
-    data = json.loads((out / "results.json").read_text())
+    data = json.loads((out / "results.json").read_text(encoding="utf-8"))
     rows = {r["name"]: r for r in data["backends"]}
     assert list(rows) == ["engine", "server", "og", "llamacpp", "transformers", "optimum"]
     w = data["workload"]
@@ -60,7 +60,7 @@ def test_bench_quick_writes_json_markdown_and_charts(tiny_model: Path, tmp_path:
     assert rows["llamacpp"]["fix"] in ("ortserve bench --gguf PATH", "pip install llama-cpp-python")
     assert "--hf-dir" in rows["transformers"]["fix"]
 
-    md = (out / "results.md").read_text()
+    md = (out / "results.md").read_text(encoding="utf-8")
     assert "Decode throughput" in md and "engine/og" in md and "ortserve server (HTTP)" in md
     assert rows["optimum"]["fix"] in md
     assert "ortserve bench --model" in md  # the command that reproduces the tables

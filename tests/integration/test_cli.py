@@ -19,7 +19,7 @@ CLI = [sys.executable, "-m", "ortserve.cli.main"]
 
 def run(args: list[str], tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
     e = {**os.environ, "ORTSERVE_HOME": str(tmp_path / "home"), **env}
-    return subprocess.run(CLI + args, capture_output=True, text=True, env=e, timeout=300, cwd=tmp_path)
+    return subprocess.run(CLI + args, capture_output=True, text=True, env=e, timeout=300, cwd=tmp_path, check=False, encoding="utf-8", errors="replace")
 
 
 def test_ask_text_and_json(tiny_model: Path, tmp_path: Path) -> None:
@@ -84,8 +84,8 @@ def test_broken_model_dirs_fail_in_one_line(tiny_model: Path, tmp_path: Path, br
 def test_genai_missing_gives_the_seed_message(tiny_model: Path, tmp_path: Path) -> None:
     code = ("import sys; sys.modules['onnxruntime_genai'] = None; from ortserve.cli.main import cli; "
             f"cli(['ask', 'hi', '--model', {str(tiny_model)!r}], prog_name='ortserve')")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                       env={**os.environ, "ORTSERVE_HOME": str(tmp_path)})
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False,
+                       env={**os.environ, "ORTSERVE_HOME": str(tmp_path)}, encoding="utf-8", errors="replace")
     assert r.returncode == 1 and "onnxruntime-genai not installed" in r.stderr and "pip install" in r.stderr
 
 

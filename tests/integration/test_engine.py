@@ -63,7 +63,7 @@ def test_seed_reproduces_and_differs(engine: AsyncEngine) -> None:
 
 
 def test_stop_string_spanning_tokens_is_cut(engine: AsyncEngine) -> None:
-    pieces, last = run(stream_text(engine, prompt=PROMPTS[2], params=GREEDY))
+    pieces, _ = run(stream_text(engine, prompt=PROMPTS[2], params=GREEDY))
     full = "".join(pieces)
     words = [p for p in pieces if len(p.strip()) >= 2]
     k = next(i for i in range(len(pieces) - 1) if len(pieces[i]) >= 2 and len(pieces[i + 1]) >= 2)
@@ -90,7 +90,7 @@ def test_utf8_streaming_never_splits_characters(engine: AsyncEngine) -> None:
     assert all("\ufffd" not in p for p in pieces)
     assert "".join(pieces) == codec.decode(ids) == text
     # and through the engine: sampled byte tokens never surface as U+FFFD mid-stream
-    pieces, last = run(stream_text(engine, prompt=text, params=SamplingParams(
+    pieces, _ = run(stream_text(engine, prompt=text, params=SamplingParams(
         temperature=1.0, max_tokens=48, seed=3, ignore_eos=True)))
     assert all("\ufffd" not in p for p in pieces[:-1])
 

@@ -11,13 +11,13 @@ from pathlib import Path
 def test_tiny_model_has_the_pieces(tiny_model: Path) -> None:
     for name in ("genai_config.json", "model.onnx", "tokenizer.json", "chat_template.jinja"):
         assert (tiny_model / name).is_file(), name
-    cfg = json.loads((tiny_model / "genai_config.json").read_text())
+    cfg = json.loads((tiny_model / "genai_config.json").read_text(encoding="utf-8"))
     assert cfg["model"]["decoder"]["num_hidden_layers"] == 2
     assert cfg["model"]["decoder"]["hidden_size"] == 64
 
 
 def test_default_model_is_imported_with_quality(default_model: Path) -> None:
-    manifest = json.loads((default_model / "ortserve.json").read_text())
+    manifest = json.loads((default_model / "ortserve.json").read_text(encoding="utf-8"))
     assert manifest["model"] == "smollm2-135m"
     q = manifest["quality"]
     assert q["perplexity"] > 1 and q["reference_perplexity"] > 1
@@ -27,7 +27,7 @@ def test_default_model_is_imported_with_quality(default_model: Path) -> None:
 
 def test_serving_import_leaves_torch_out() -> None:
     code = "import sys, ortserve.server, ortserve.engine; sys.exit(1 if 'torch' in sys.modules else 0)"
-    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
 
 
 def test_second_run_reuses_the_stored_model(default_model: Path) -> None:
@@ -36,9 +36,9 @@ def test_second_run_reuses_the_stored_model(default_model: Path) -> None:
     from ortserve.config import load_settings
     from ortserve.models.locate import resolve_model_dir
 
-    created = json.loads((default_model / "ortserve.json").read_text())["created"]
+    created = json.loads((default_model / "ortserve.json").read_text(encoding="utf-8"))["created"]
     t0 = time.monotonic()
     path, model_id = resolve_model_dir(None, load_settings())
     assert path == default_model and model_id == "smollm2-135m"
     assert time.monotonic() - t0 < 5  # no conversion
-    assert json.loads((default_model / "ortserve.json").read_text())["created"] == created
+    assert json.loads((default_model / "ortserve.json").read_text(encoding="utf-8"))["created"] == created

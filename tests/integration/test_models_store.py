@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from ortserve.models.store import ModelStore
@@ -20,7 +20,7 @@ from ortserve.models.store import ModelStore
 def cli(home: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "ORTSERVE_HOME": str(home)}
     return subprocess.run([sys.executable, "-m", "ortserve.cli.models", *args], env=env, check=False,
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=timeout, encoding="utf-8", errors="replace")
 
 
 def ok_json(p: subprocess.CompletedProcess[str]) -> Any:
@@ -95,7 +95,7 @@ def test_bad_directories_and_files_leave_the_store_unchanged(tiny_model: Path, t
     from ortserve.models.catalog import embedded_gguf
 
     truncated = tmp_path / "truncated.gguf"
-    with open(embedded_gguf(), "rb") as f:
+    with Path(embedded_gguf()).open("rb") as f:
         truncated.write_bytes(f.read(3_000_000))
     p = cli(home, "import", str(truncated))
     assert p.returncode == 1 and "truncated or corrupt" in p.stderr and "Traceback" not in p.stderr
@@ -110,7 +110,7 @@ from ortserve.models import convert, importer
 from ortserve.models.store import ModelStore
 real = convert.build_onnx
 def counting(*a, **kw):
-    with open({counter!r}, "a") as f:
+    with open({counter!r}, "a", encoding="utf-8") as f:
         f.write("build\\n")
     return real(*a, **kw)
 convert.build_onnx = counting
@@ -123,11 +123,11 @@ def test_two_parallel_imports_convert_once(tiny_hf_dir: Path, tmp_path: Path) ->
     home, counter = tmp_path / "home" / "models", tmp_path / "builds.txt"
     code = _count_builds_and_import(str(tiny_hf_dir), str(home), str(counter))
     procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for _ in range(2)]
+                              text=True, encoding="utf-8", errors="replace") for _ in range(2)]
     outs = [p.communicate(timeout=600) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [o[1][-500:] for o in outs]
     assert outs[0][0] == outs[1][0]  # same variant, same creation time: one install
-    assert counter.read_text().count("build") == 1
+    assert counter.read_text(encoding="utf-8").count("build") == 1
     assert [v.id for v in ModelStore(home).variants()] == ["tiny:fp32-cpu"]
 
 
@@ -137,14 +137,19 @@ def test_killed_import_leaves_nothing_and_the_next_run_redoes_it(tiny_hf_dir: Pa
     proc = subprocess.Popen([sys.executable, "-m", "ortserve.cli.models", "import", str(tiny_hf_dir),
                              "--id", "tiny"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
-    work = home / "models" / ".tmp"
+    # event, not a timer: wait until the CLI has started the builder child (mid-conversion)
+    cli_proc = psutil.Process(proc.pid)
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not (work.is_dir() and any(work.iterdir())):
-        time.sleep(0.1)
-    time.sleep(1.5)  # mid-conversion: the builder subprocess is running
-    assert proc.poll() is None, "import finished before it could be killed"
-    os.killpg(proc.pid, signal.SIGKILL)  # the CLI and its builder child
+    builders: list[psutil.Process] = []
+    while time.monotonic() < deadline and proc.poll() is None and not builders:
+        builders = [c for c in cli_proc.children() if "ortserve.models.builder_child" in " ".join(c.cmdline())]
+        time.sleep(0.05)
+    assert builders and proc.poll() is None, "import finished before it could be killed"
+    proc.kill()  # only the CLI: the builder runs in its own session and must die with its parent
     proc.wait()
+    _, alive = psutil.wait_procs(builders, timeout=30)
+    assert not alive, "the builder outlived its killed parent"
+    work = home / "models" / ".tmp"
     store = ModelStore(home / "models")
     assert store.variants() == []
     assert ok_json(cli(home, "list", "--json")) == []

@@ -204,7 +204,7 @@ def test_fallback_order_down_the_whole_chain(anth: FakeCloud, orouter: FakeCloud
     anth.script.append("500")
     orouter.script.append("503")
     no_local = make_router(anth, orouter, tmp_path, fallbackChain=["anthropic", "openrouter"])
-    with pytest.raises(Unavailable, match="no provider could answer: anthropic: .*500.*; openrouter: .*503"):
+    with pytest.raises(Unavailable, match=r"no provider could answer: anthropic: .*500.*; openrouter: .*503"):
         go(no_local, no_local.chat(req()))
 
 

@@ -78,7 +78,7 @@ def test_openai_streaming_with_usage_matches_non_streaming(client: openai.OpenAI
 
 
 def test_n_seed_and_stop(client: openai.OpenAI) -> None:
-    kw = dict(model="tiny", messages=MSG, max_tokens=12, temperature=1.0, seed=11)
+    kw = {"model": "tiny", "messages": MSG, "max_tokens": 12, "temperature": 1.0, "seed": 11}
     a = client.chat.completions.create(n=2, **kw)
     b = client.chat.completions.create(n=2, **kw)
     assert [c.index for c in a.choices] == [0, 1]

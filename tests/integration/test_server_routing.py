@@ -31,7 +31,7 @@ def srv(tiny_model: Path, cloud: FakeCloud, tmp_path_factory: pytest.TempPathFac
         "routing": {"rules": [{"condition": {"privacy": "high"}, "action": {"provider": "local"},
                                "reason": "private stays here"},
                               {"condition": {"complexity": "low"}, "action": {"provider": "local"},
-                               "reason": "simple is free"}]}}))
+                               "reason": "simple is free"}]}}), encoding="utf-8")
     with ServerThread(tiny_model, router_config=str(cfg), home=str(home)) as s:
         yield s
 

@@ -36,7 +36,7 @@ def _port() -> int:
 
 
 def _records(directory: Path, signal: str, key: str, inner: str, items: str) -> list[dict[str, Any]]:
-    return [it for p in sorted(directory.glob(f"{signal}-*.jsonl")) for raw in p.read_text().splitlines()
+    return [it for p in sorted(directory.glob(f"{signal}-*.jsonl")) for raw in p.read_text(encoding="utf-8").splitlines()
             for r in json.loads(raw)[key] for s in r[inner] for it in s[items]]
 
 
@@ -136,7 +136,7 @@ def test_metrics_logs_and_privacy(after_traffic: tuple[Path, dict[str, int]]) ->
     assert all(lr["traceId"] in trace_ids for lr in correlated)
     access = {lr["traceId"] for lr in logs if lr.get("eventName") == "ortserve.request"}
     assert access == trace_ids  # every request has its log record, in its trace
-    text = "".join(p.read_text() for p in directory.glob("*.jsonl"))
+    text = "".join(p.read_text(encoding="utf-8") for p in directory.glob("*.jsonl"))
     assert PROMPT not in text
 
 
@@ -151,7 +151,7 @@ def test_summary_counts_the_traffic(after_traffic: tuple[Path, dict[str, int]]) 
 def test_unwritable_telemetry_dir_does_not_fail_requests(tiny_model: Path, tmp_path: Path,
                                                          caplog: pytest.LogCaptureFixture) -> None:
     blocker = tmp_path / "not-a-dir"
-    blocker.write_text("a file where the telemetry directory should be")
+    blocker.write_text("a file where the telemetry directory should be", encoding="utf-8")
     settings = load_settings(home=tmp_path / "home", telemetry=True, telemetry_dir=blocker / "tel",
                              port=_port(), default_max_tokens=4)
     chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}

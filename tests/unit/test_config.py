@@ -15,9 +15,9 @@ def test_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
                 "ORTSERVE_MAX_QUEUE", "ORTSERVE_CONFIG"):
         monkeypatch.delenv(var, raising=False)
     assert load_settings().port == 8002
-    (tmp_path / "ortserve.toml").write_text('port = 9001\nmax_queue = 7\ndevice = "cpu"\n')
+    (tmp_path / "ortserve.toml").write_text('port = 9001\nmax_queue = 7\ndevice = "cpu"\n', encoding="utf-8")
     assert load_settings().port == 9001 and load_settings().max_queue == 7
-    (tmp_path / ".env").write_text("PORT=9002\n")
+    (tmp_path / ".env").write_text("PORT=9002\n", encoding="utf-8")
     assert load_settings().port == 9002
     monkeypatch.setenv("ORTSERVE_PORT", "9003")
     assert load_settings().port == 9003

@@ -67,9 +67,9 @@ def _summary(c: RouterConfig) -> tuple:
 
 def test_seed_shape_loads_from_json_and_toml_identically(tmp_path: Path) -> None:
     j = tmp_path / "route.json"
-    j.write_text(json.dumps(SEED))
+    j.write_text(json.dumps(SEED), encoding="utf-8")
     t = tmp_path / "route.toml"
-    t.write_text(SEED_TOML)
+    t.write_text(SEED_TOML, encoding="utf-8")
     cj, ct = load_config(j), load_config(t)
     assert _summary(cj) == _summary(ct)
     assert {n: s.type for n, s in cj.providers.items()} == {
@@ -139,15 +139,15 @@ def test_errors_never_echo_a_key() -> None:
 
 def test_file_errors(tmp_path: Path) -> None:
     bad = tmp_path / "r.json"
-    bad.write_text('{"defaultProvider": "local",\n "providers": {,}}')
+    bad.write_text('{"defaultProvider": "local",\n "providers": {,}}', encoding="utf-8")
     with pytest.raises(RouterConfigError, match=r"invalid JSON at line 2, column 16"):
         load_config(bad)
     bad_toml = tmp_path / "r.toml"
-    bad_toml.write_text("defaultProvider = \n")
+    bad_toml.write_text("defaultProvider = \n", encoding="utf-8")
     with pytest.raises(RouterConfigError, match="invalid TOML"):
         load_config(bad_toml)
     yaml = tmp_path / "r.yaml"
-    yaml.write_text("a: 1")
+    yaml.write_text("a: 1", encoding="utf-8")
     with pytest.raises(RouterConfigError, match=r"must end in .json or .toml"):
         load_config(yaml)
     with pytest.raises(RouterConfigError, match="does not exist"):
@@ -156,22 +156,22 @@ def test_file_errors(tmp_path: Path) -> None:
 
 def test_router_table_inside_a_bigger_toml(tmp_path: Path) -> None:
     p = tmp_path / "ortserve.toml"
-    p.write_text('port = 9000\n[router]\ndefaultProvider = "local"\n')
+    p.write_text('port = 9000\n[router]\ndefaultProvider = "local"\n', encoding="utf-8")
     assert load_config(p).default_provider == "local"
 
 
 def test_docs_examples_are_valid_configs() -> None:
     """docs/router.md's TOML and JSON examples load and route as the doc says."""
     import re
-
     import tomllib
+
     from router_fakes import FakeEngine
 
     from ortserve.providers.base import ChatRequest, Hints
     from ortserve.router.router import Router
     from ortserve.types import Usage
 
-    doc = (Path(__file__).parents[2] / "docs" / "router.md").read_text()
+    doc = (Path(__file__).parents[2] / "docs" / "router.md").read_text(encoding="utf-8")
     toml_block = re.search(r"```toml\n(.*?)```", doc, re.DOTALL).group(1)  # type: ignore[union-attr]
     json_block = re.search(r"```json\n(.*?)```", doc, re.DOTALL).group(1)  # type: ignore[union-attr]
     env = {"ANTHROPIC_API_KEY": "k" * 20, "OPENROUTER_API_KEY": "k" * 20}

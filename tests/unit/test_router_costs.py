@@ -80,7 +80,7 @@ def test_costs_command_text_and_json(tmp_path: Path) -> None:
 
 def test_route_explain_and_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = tmp_path / "route.json"
-    cfg.write_text(json.dumps(SEED))
+    cfg.write_text(json.dumps(SEED), encoding="utf-8")
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-cli-secret-0123456789")
     monkeypatch.delenv("OPENROUTER_API_KEY", raising=False)
     monkeypatch.setenv("ORTSERVE_HOME", str(tmp_path / "home"))
@@ -98,7 +98,7 @@ def test_route_explain_and_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert check.exit_code == 0 and "openrouter" in check.output and "not ready" in check.output
     assert "sk-ant-cli-secret" not in check.output + out.output
     broken = tmp_path / "broken.toml"
-    broken.write_text('defaultProvider = "gemini"\n')
+    broken.write_text('defaultProvider = "gemini"\n', encoding="utf-8")
     bad = runner.invoke(route_group, ["check", "--config", str(broken)])
     assert bad.exit_code == 1 and "defaultProvider: unknown provider 'gemini'" in bad.output
     # no config at all: everything local

@@ -18,9 +18,9 @@ from ortserve.models.store import MANIFEST, ModelStore, validate_name
 
 def write_files(tmp: Path, payload: bytes = b"weights" * 100) -> dict[str, Any]:
     (tmp / "model.onnx").write_bytes(payload)
-    (tmp / "genai_config.json").write_text('{"model": {"type": "llama"}}')
+    (tmp / "genai_config.json").write_text('{"model": {"type": "llama"}}', encoding="utf-8")
     (tmp / "sub").mkdir()
-    (tmp / "sub" / "tokenizer.json").write_text("{}")
+    (tmp / "sub" / "tokenizer.json").write_text("{}", encoding="utf-8")
     return {"precision": "int8", "device": "cpu"}
 
 
@@ -51,7 +51,7 @@ def test_install_registers_manifest_with_hashes(tmp_path: Path) -> None:
     assert set(v.files) == {"model.onnx", "genai_config.json", "sub/tokenizer.json"}
     assert all(len(h) == 64 for h in v.files.values())
     assert v.size_bytes == sum((v.path / f).stat().st_size for f in v.files)
-    manifest = json.loads((v.path / MANIFEST).read_text())
+    manifest = json.loads((v.path / MANIFEST).read_text(encoding="utf-8"))
     assert manifest["id"] == "m:int8-cpu" and manifest["files"] == v.files
     assert [x.id for x in store.variants()] == ["m:int8-cpu"]
     assert store.verify(v) == {"corrupt": [], "missing": [], "extra": []}
@@ -102,9 +102,9 @@ def test_disk_full_during_hf_conversion(tmp_path: Path, monkeypatch: pytest.Monk
     """The importer path: the builder raises ENOSPC half-way; nothing is registered."""
     hf = tmp_path / "hf"
     hf.mkdir()
-    (hf / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    (hf / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}), encoding="utf-8")
     (hf / "model.safetensors").write_bytes(b"x")
-    (hf / "tokenizer.json").write_text("{}")
+    (hf / "tokenizer.json").write_text("{}", encoding="utf-8")
 
     def full_build(hf_dir: Path, out: Path, **kw: Any) -> Path:
         out.mkdir(parents=True, exist_ok=True)
@@ -137,7 +137,7 @@ def test_linked_variant_hashes_and_verifies_the_target(tmp_path: Path) -> None:
     v = store.install("m", "fp32-cpu", lambda tmp: {"precision": "fp32", "device": "cpu", "link": str(target)})
     assert v.model_dir == target and "model.onnx" in v.files
     assert sorted(p.name for p in v.path.iterdir()) == [MANIFEST]
-    (target / "genai_config.json").write_text("changed")
+    (target / "genai_config.json").write_text("changed", encoding="utf-8")
     assert store.verify(store.get("m"))["corrupt"] == ["genai_config.json"]
     store.remove("m")
     assert (target / "model.onnx").is_file()  # rm never deletes linked files
@@ -145,7 +145,7 @@ def test_linked_variant_hashes_and_verifies_the_target(tmp_path: Path) -> None:
 
 def _install_slowly(root: str, counter: str) -> str:
     def build(tmp: Path) -> dict[str, Any]:
-        with open(counter, "a") as f:
+        with Path(counter).open("a", encoding="utf-8") as f:
             f.write("built\n")
         time.sleep(1.0)
         return write_files(tmp)
@@ -159,7 +159,7 @@ def test_two_processes_install_once(tmp_path: Path) -> None:
     with ctx.Pool(2) as pool:
         ids = pool.starmap(_install_slowly, [(str(tmp_path / "models"), str(counter))] * 2)
     assert ids == ["m:int8-cpu", "m:int8-cpu"]
-    assert counter.read_text().count("built") == 1
+    assert counter.read_text(encoding="utf-8").count("built") == 1
 
 
 def test_variant_names_encode_builder_options() -> None:

@@ -30,7 +30,7 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def install_fake(home: Path, model: str = "m", variant: str = "int8-cpu", delta: float = 0.2) -> None:
     def build(tmp: Path) -> dict[str, Any]:
         (tmp / "model.onnx").write_bytes(b"0123456789" * 10)
-        return {"precision": variant.split("-")[0], "device": "cpu",
+        return {"precision": variant.split("-", maxsplit=1)[0], "device": "cpu",
                 "quality": {"perplexity": 10.0 * (1 + delta / 100), "reference_perplexity": 10.0,
                             "delta_pct": delta},
                 "speed": {"decode_tps": 50.0, "device": "cpu"}}
@@ -139,7 +139,7 @@ def test_pull_offline_in_a_subprocess(tmp_path: Path) -> None:
     for extra in cases:
         t0 = time.monotonic()
         p = subprocess.run([sys.executable, "-m", "ortserve.cli.models", "pull", "qwen2-0.5b-instruct"],
-                           check=False, env={**env, **extra}, capture_output=True, text=True, timeout=60)
+                           check=False, env={**env, **extra}, capture_output=True, text=True, timeout=60, encoding="utf-8", errors="replace")
         assert p.returncode != 0, p.stderr
         assert p.stderr.startswith("error: cannot download Qwen/Qwen2-0.5B-Instruct: this machine is offline")
         assert len(p.stderr.strip().splitlines()) == 1

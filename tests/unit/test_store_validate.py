@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import struct
 from pathlib import Path
 
@@ -66,7 +65,7 @@ def test_gguf_tensor_offsets_past_the_end_are_refused(tmp_path: Path) -> None:
     data[at:at + 8] = struct.pack("<Q", 1 << 20)
     p = tmp_path / "badoffset.gguf"
     p.write_bytes(bytes(data))
-    with pytest.raises(ModelError, match="output_norm.weight"):
+    with pytest.raises(ModelError, match=r"output_norm\.weight"):
         check_gguf(p)
 
 
@@ -80,18 +79,18 @@ def test_unsupported_gguf_architecture(tmp_path: Path) -> None:
 def test_hf_dir_checks(tmp_path: Path) -> None:
     d = tmp_path / "hf"
     d.mkdir()
-    with pytest.raises(ModelError, match="no config.json"):
+    with pytest.raises(ModelError, match=r"no config\.json"):
         check_hf_dir(d)
-    (d / "config.json").write_text(json.dumps({"architectures": ["BertModel"]}))
+    (d / "config.json").write_text(json.dumps({"architectures": ["BertModel"]}), encoding="utf-8")
     with pytest.raises(ModelError, match="unsupported architecture 'BertModel'"):
         check_hf_dir(d)
-    (d / "config.json").write_text(json.dumps({"architectures": ["Qwen2ForCausalLM"]}))
+    (d / "config.json").write_text(json.dumps({"architectures": ["Qwen2ForCausalLM"]}), encoding="utf-8")
     with pytest.raises(ModelError, match="no weights"):
         check_hf_dir(d)
     (d / "model.safetensors").write_bytes(b"x")
     with pytest.raises(ModelError, match="no tokenizer"):
         check_hf_dir(d)
-    (d / "tokenizer.json").write_text("{}")
+    (d / "tokenizer.json").write_text("{}", encoding="utf-8")
     assert check_hf_dir(d)["architecture"] == "Qwen2ForCausalLM"
 
 
@@ -111,8 +110,8 @@ def onnx_dir(root: Path, location: str | None = None, filename: str = "model.onn
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])], [w])
     onnx.save(helper.make_model(graph), str(root / "model.onnx"))
     cfg = {"model": {"type": "llama", "context_length": 128, "decoder": {"filename": filename}}}
-    (root / "genai_config.json").write_text(json.dumps(cfg))
-    (root / "tokenizer.json").write_text("{}")
+    (root / "genai_config.json").write_text(json.dumps(cfg), encoding="utf-8")
+    (root / "tokenizer.json").write_text("{}", encoding="utf-8")
     return root
 
 
@@ -139,9 +138,9 @@ def test_external_data_escaping_the_dir_is_refused(tmp_path: Path, location: str
 def test_config_filename_and_symlinks_escaping_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ModelError, match="outside the model directory"):
         check_onnx_dir(onnx_dir(tmp_path / "a", filename="../model.onnx"))
-    (tmp_path / "secret.txt").write_text("s")
+    (tmp_path / "secret.txt").write_text("s", encoding="utf-8")
     d = onnx_dir(tmp_path / "b")
-    os.symlink(tmp_path / "secret.txt", d / "vocab.txt")
+    Path(d / "vocab.txt").symlink_to(tmp_path / "secret.txt")
     with pytest.raises(ModelError, match="link to outside"):
         check_onnx_dir(d)
 
@@ -149,12 +148,12 @@ def test_config_filename_and_symlinks_escaping_are_refused(tmp_path: Path) -> No
 def test_onnx_dir_missing_pieces_are_named(tmp_path: Path) -> None:
     d = onnx_dir(tmp_path / "m")
     (d / "tokenizer.json").unlink()
-    with pytest.raises(ModelError, match="no tokenizer.json"):
+    with pytest.raises(ModelError, match=r"no tokenizer\.json"):
         check_onnx_dir(d)
     (d / "genai_config.json").unlink()
-    with pytest.raises(ModelError, match="no genai_config.json"):
+    with pytest.raises(ModelError, match=r"no genai_config\.json"):
         check_onnx_dir(d)
     d2 = onnx_dir(tmp_path / "m2")
     (d2 / "model.onnx").unlink()
-    with pytest.raises(ModelError, match="no model.onnx"):
+    with pytest.raises(ModelError, match=r"no model\.onnx"):
         check_onnx_dir(d2)

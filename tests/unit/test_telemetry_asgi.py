@@ -67,7 +67,7 @@ def make_app(tel: Telemetry) -> FastAPI:
 def spans_by_route(directory: Path) -> dict[str, dict[str, Any]]:
     out = {}
     for path in directory.glob("traces-*.jsonl"):
-        for raw in path.read_text().splitlines():
+        for raw in path.read_text(encoding="utf-8").splitlines():
             for rs in json.loads(raw)["resourceSpans"]:
                 for ss in rs["scopeSpans"]:
                     for sp in ss["spans"]:
@@ -111,13 +111,13 @@ def test_middleware_records_each_request(tmp_path: Path, logger_to: logging.Logg
     busy = attrs_of(spans["/v1/busy"]["attributes"])
     assert busy[n.STATUS_CODE] == 429 and busy[n.STATUS] == "error"
 
-    logs = [lr for p in tmp_path.glob("logs-*.jsonl") for raw in p.read_text().splitlines()
+    logs = [lr for p in tmp_path.glob("logs-*.jsonl") for raw in p.read_text(encoding="utf-8").splitlines()
             for rl in json.loads(raw)["resourceLogs"] for sl in rl["scopeLogs"] for lr in sl["logRecords"]]
     by_body = {lr["body"]["stringValue"]: lr for lr in logs}
     assert by_body["generating"]["traceId"] == spans["/v1/chat/completions"]["traceId"]
     for i in range(3):  # lines logged while the stream body runs belong to that request
         assert by_body[f"chunk {i}"]["traceId"] == spans["/v1/completions"]["traceId"]
-    assert "PRIVATE" not in "".join(p.read_text() for p in tmp_path.glob("*.jsonl"))
+    assert "PRIVATE" not in "".join(p.read_text(encoding="utf-8") for p in tmp_path.glob("*.jsonl"))
 
 
 def test_span_of_without_middleware_is_a_noop() -> None:

@@ -92,7 +92,7 @@ def test_errors_and_cancellations_are_recorded(tel: FileTelemetry) -> None:
         raise Overloaded("queue full")
     with pytest.raises(RuntimeError), tel.request_span("/v1/completions", model="m"):
         raise RuntimeError("engine died")
-    with pytest.raises(asyncio.CancelledError), tel.request_span("/v1/completions", model="m") as sp:
+    with pytest.raises(asyncio.CancelledError), tel.request_span("/v1/completions", model="m") as sp:  # noqa: PT012
         sp.set(provider="local")
         raise asyncio.CancelledError
     tel.shutdown()
@@ -191,7 +191,7 @@ def test_no_prompt_text_by_default(tmp_path: Path) -> None:
                                 completion="SECRET-COMPLETION-0815")
             span.finish(input_tokens=5, output_tokens=5, finish_reason="stop")
         tel.shutdown()
-        text = "".join(p.read_text() for p in directory.glob("*.jsonl"))
+        text = "".join(p.read_text(encoding="utf-8") for p in directory.glob("*.jsonl"))
         assert text  # something was written
         assert ("SECRET-PROMPT-4711" in text) is content
         assert ("SECRET-COMPLETION-0815" in text) is content
@@ -224,7 +224,7 @@ def test_from_settings_writes_to_telemetry_path(tmp_path: Path) -> None:
 
 def test_unwritable_directory_does_not_raise(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     blocker = tmp_path / "a-file"
-    blocker.write_text("not a directory")
+    blocker.write_text("not a directory", encoding="utf-8")
     tel = FileTelemetry(TelemetryConfig(directory=blocker / "telemetry", metric_interval_s=3600))
     tel.install_logging(logging.getLogger("ortserve.test_unwritable"))
     with caplog.at_level(logging.WARNING, logger="ortserve.telemetry"):

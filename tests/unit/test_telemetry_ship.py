@@ -179,7 +179,7 @@ def test_collector_failure_midway_resumes_without_duplicates(tmp_path: Path, col
     with pytest.raises(ShipError, match="503"):
         ship(tmp_path, collector.url, max_batch_bytes=1)
     assert len(collector.received) == 3
-    assert json.loads((tmp_path / STATE_FILE).read_text())["files"]  # progress was kept
+    assert json.loads((tmp_path / STATE_FILE).read_text(encoding="utf-8"))["files"]  # progress was kept
     collector.fail_after = None
     ship(tmp_path, collector.url, max_batch_bytes=1)
     assert Counter(collector.span_ids()) == Counter(stored_span_ids(tmp_path))

@@ -44,7 +44,7 @@ def raw_durations_ms(directory: Path, route: str) -> list[float]:
     """Span durations read straight from the files, independently of summary.py."""
     out = []
     for path in directory.glob("traces-*.jsonl"):
-        for raw in path.read_text().splitlines():
+        for raw in path.read_text(encoding="utf-8").splitlines():
             for rs in json.loads(raw)["resourceSpans"]:
                 for ss in rs["scopeSpans"]:
                     for sp in ss["spans"]:

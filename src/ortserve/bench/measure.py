@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import pathlib
 import threading
 import time
 from collections.abc import Callable
@@ -54,7 +55,7 @@ def percentile(values: list[float], q: float) -> float:
 def rss_bytes(pid: int) -> int:
     """Resident set size of a process (Linux /proc, else psutil, else 0)."""
     try:
-        with open(f"/proc/{pid}/statm") as f:
+        with pathlib.Path(f"/proc/{pid}/statm").open(encoding="utf-8") as f:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         pass

@@ -18,8 +18,8 @@ def write_report(results: dict[str, Any], out: Path, command: str = "") -> dict[
     if command:
         results["command"] = command
     paths = {"json": out / "results.json", "markdown": out / "results.md"}
-    paths["json"].write_text(json.dumps(results, indent=1))
-    paths["markdown"].write_text(markdown(results))
+    paths["json"].write_text(json.dumps(results, indent=1), encoding="utf-8")
+    paths["markdown"].write_text(markdown(results), encoding="utf-8")
     for name, (metric, axis, title, unit) in CHARTS.items():
         if chart(results, out / name, metric, axis, title, unit):
             paths[name] = out / name

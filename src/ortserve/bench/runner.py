@@ -102,7 +102,7 @@ def run_bench(sources: Sources, backends: list[str], workload: Workload, *, qual
 
 
 def context_length(model_dir: Path) -> int:
-    cfg = json.loads((Path(model_dir) / "genai_config.json").read_text())
+    cfg = json.loads((Path(model_dir) / "genai_config.json").read_text(encoding="utf-8"))
     return int(cfg["model"].get("context_length") or 2048)
 
 
@@ -180,7 +180,7 @@ def _run_worker(info: BackendInfo, python: str, src: Sources, work: Workload, pr
     job = {"backend": info.name, "target": info.target, "spec": spec.__dict__, "cells": cells,
            "workload": work.to_dict(), "prompts": prompts.to_json(), "quality": quality}
     job_path, out_path = tmp / f"{info.name}.job.json", tmp / f"{info.name}.out.json"
-    job_path.write_text(json.dumps(job))
+    job_path.write_text(json.dumps(job), encoding="utf-8")
     env = dict(os.environ)
     if info.own_venv:  # a minimal copy of this package, so the venv never sees ortserve's dependencies
         env["PYTHONPATH"] = str(_stage_package(tmp))
@@ -194,7 +194,7 @@ def _run_worker(info: BackendInfo, python: str, src: Sources, work: Workload, pr
     if not out_path.exists():
         return {**row, "status": "error", "reason": f"the worker exited with {proc.returncode} and no result",
                 "fix": ""}
-    result = json.loads(out_path.read_text())
+    result = json.loads(out_path.read_text(encoding="utf-8"))
     if result.get("error"):
         return {**row, **result, "status": "error", "reason": result["error"], "fix": ""}
     # A cell may have failed alone (e.g. out of memory at batch 16); the row is still "ok".
@@ -209,7 +209,7 @@ def _stage_package(tmp: Path) -> Path:
     files = ["__init__.py", "measure.py", "workload.py", "worker.py", "backends/__init__.py",
              "backends/base.py", "backends/optimum.py"]
     (root / "ortserve" / "bench" / "backends").mkdir(parents=True)
-    (root / "ortserve" / "__init__.py").write_text("")
+    (root / "ortserve" / "__init__.py").write_text("", encoding="utf-8")
     for f in files:
         shutil.copy(here / f, root / "ortserve" / "bench" / f)
     return root
@@ -227,7 +227,7 @@ def _loadavg() -> list[float]:
 def machine() -> dict[str, Any]:
     cpu = platform.processor() or platform.machine()
     try:
-        with open("/proc/cpuinfo") as f:
+        with Path("/proc/cpuinfo").open(encoding="utf-8") as f:
             cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
     except OSError:
         pass

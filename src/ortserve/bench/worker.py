@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import pathlib
 import sys
 import time
 import traceback
@@ -73,14 +74,14 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     job_path, result_path = argv[1], argv[2]
-    with open(job_path, encoding="utf-8") as f:
+    with pathlib.Path(job_path).open(encoding="utf-8") as f:
         job = json.load(f)
     try:
         result = run_job(job)
     except Exception as exc:  # noqa: BLE001 - report it; the runner turns it into an "error" row
         say(traceback.format_exc())
         result = {"backend": job["backend"], "error": f"{type(exc).__name__}: {exc}"[:1000], "cells": []}
-    with open(result_path, "w", encoding="utf-8") as f:
+    with pathlib.Path(result_path).open("w", encoding="utf-8") as f:
         json.dump(result, f)
     return 0
 

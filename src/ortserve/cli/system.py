@@ -18,7 +18,7 @@ def cpu_facts() -> dict[str, Any]:
     model, flags = platform.processor() or platform.machine(), set()
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.is_file():
-        for line in cpuinfo.read_text(errors="replace").splitlines():
+        for line in cpuinfo.read_text(errors="replace", encoding="utf-8").splitlines():
             key, _, value = line.partition(":")
             key = key.strip()
             if key == "model name":

@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Iterator
 from collections.abc import Sequence as Seq
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from ortserve.engine.detokenize import IncrementalDetokenizer
 from ortserve.engine.engine import AsyncEngine, LoadedModel
@@ -42,7 +42,7 @@ class LLM:
     def close(self) -> None:
         self.core.stop()
 
-    def __enter__(self) -> LLM:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -46,7 +46,7 @@ class ModelSpec:
                              hint="point --model at an ONNX GenAI model directory, or import one with "
                                   "`ortserve models import`")
         try:
-            cfg = json.loads(cfg_path.read_text())
+            cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
             m = cfg["model"]
             dec = m["decoder"]
             eos = m.get("eos_token_id", [])

@@ -24,7 +24,7 @@ class TextCodec:
         self.bos_token = _token_text(cfg.get("bos_token"))
         self.eos_token = _token_text(cfg.get("eos_token"))
         template_file = model_dir / "chat_template.jinja"
-        template = template_file.read_text() if template_file.is_file() else cfg.get("chat_template")
+        template = template_file.read_text(encoding="utf-8") if template_file.is_file() else cfg.get("chat_template")
         if isinstance(template, list):  # named templates: take the default
             template = next((t["template"] for t in template if t.get("name") == "default"), None)
         self.chat_template: str | None = template
@@ -76,6 +76,6 @@ def _token_text(v: Any) -> str | None:
 
 def _read_json(path: Path) -> dict[str, Any]:
     try:
-        return json.loads(path.read_text()) if path.is_file() else {}
+        return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
     except ValueError as exc:
         raise ModelError(f"{path} is not valid JSON") from exc

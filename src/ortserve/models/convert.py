@@ -100,7 +100,8 @@ def build_onnx(hf_dir: Path, out_dir: Path, *, precision: str = "int8", device: 
     _need_convert_deps()
     out_dir.mkdir(parents=True, exist_ok=True)
     cache = cache_dir or out_dir.parent / f".{out_dir.name}.cache"
-    cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf_dir), "-o", str(out_dir),
+    cmd = [sys.executable, "-m", "ortserve.models.builder_child", str(os.getpid()),
+           "-i", str(hf_dir), "-o", str(out_dir),
            "-p", precision, "-e", device, "-c", str(cache)]
     extra = {"hf_token": "false", **{k: v for k, v in (options or {}).items() if v is not None}}
     cmd += ["--extra_options", *(f"{k}={_opt(v)}" for k, v in extra.items())]
@@ -108,7 +109,8 @@ def build_onnx(hf_dir: Path, out_dir: Path, *, precision: str = "int8", device: 
     say = progress or (lambda _m: None)
     say(f"building {precision} for {device}")
     t0 = time.monotonic()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, preexec_fn=_die_with_parent)
+    proc = subprocess.run(cmd, env=env, capture_output=True, encoding="utf-8", errors="replace", check=False,
+                          **own_process_group())
     shutil.rmtree(cache, ignore_errors=True)
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
@@ -118,13 +120,14 @@ def build_onnx(hf_dir: Path, out_dir: Path, *, precision: str = "int8", device: 
     return out_dir
 
 
-def _die_with_parent() -> None:
-    """Linux: the builder gets SIGKILL when its parent dies, so a killed import leaves no orphan."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-        import signal
+def own_process_group() -> dict[str, Any]:
+    """Popen arguments that put a child in its own process group (Ctrl-C goes to the parent only).
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    The child still dies with its parent: ortserve.models.builder_child watches for that itself.
+    """
+    if os.name == "nt":
+        return {"creationflags": subprocess.CREATE_NEW_PROCESS_GROUP}
+    return {"start_new_session": True}
 
 
 def _opt(v: Any) -> str:
@@ -144,12 +147,12 @@ def read_hf_config(hf_dir: Path) -> dict[str, Any]:
     path = hf_dir / "config.json"
     if not path.is_file():
         raise ModelError(f"{hf_dir} has no config.json: not a Hugging Face model directory")
-    return json.loads(path.read_text())
+    return json.loads(path.read_text(encoding="utf-8"))
 
 
 def set_engine_batch(model_dir: Path, max_batch: int) -> None:
     """Record the static batch cap in genai_config.json (used by og.Engine if chosen)."""
     path = model_dir / "genai_config.json"
-    cfg = json.loads(path.read_text())
+    cfg = json.loads(path.read_text(encoding="utf-8"))
     cfg.setdefault("engine", {}).setdefault("static_batching", {})["max_batch_size"] = max_batch
-    path.write_text(json.dumps(cfg, indent=4))
+    path.write_text(json.dumps(cfg, indent=4), encoding="utf-8")

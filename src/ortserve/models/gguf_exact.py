@@ -268,7 +268,7 @@ def patch_model(model_dir: Path, weights: GGUFWeights, hf_dir: Path) -> list[dic
     """Swap the builder's re-quantized weights in ``model_dir`` for the GGUF blocks, in place."""
     import onnx
 
-    cfg = json.loads((model_dir / "genai_config.json").read_text())["model"]["decoder"]
+    cfg = json.loads((model_dir / "genai_config.json").read_text(encoding="utf-8"))["model"]["decoder"]
     path = model_dir / cfg.get("filename", "model.onnx")
     model = onnx.load(str(path))
     report = GraphPatch(model, weights, HFWeights(hf_dir)).run()
@@ -284,7 +284,7 @@ def with_accuracy_level(model_dir: Path, level: int, name: str = "model.gguf-che
     """A copy of the graph (sharing the weights file) whose MatMulNBits compute at ``level``."""
     import onnx
 
-    cfg = json.loads((model_dir / "genai_config.json").read_text())["model"]["decoder"]
+    cfg = json.loads((model_dir / "genai_config.json").read_text(encoding="utf-8"))["model"]["decoder"]
     model = onnx.load(str(model_dir / cfg.get("filename", "model.onnx")), load_external_data=False)
     for node in model.graph.node:
         for a in node.attribute:
@@ -311,10 +311,10 @@ def logits(onnx_path: Path, ids: np.ndarray, kv_heads: int, head_size: int) -> n
 
 def logit_check(model_dir: Path, ref_dir: Path, n_tokens: int = 16, seed: int = 0) -> dict[str, float]:
     """Relative max logit difference vs the fp32 reference: fp32 compute, and as shipped."""
-    cfg = json.loads((model_dir / "genai_config.json").read_text())["model"]
+    cfg = json.loads((model_dir / "genai_config.json").read_text(encoding="utf-8"))["model"]
     dec = cfg["decoder"]
     ids = np.random.default_rng(seed).integers(0, cfg["vocab_size"], (1, n_tokens), dtype=np.int64)
-    ref_path = ref_dir / json.loads((ref_dir / "genai_config.json").read_text())["model"]["decoder"]["filename"]
+    ref_path = ref_dir / json.loads((ref_dir / "genai_config.json").read_text(encoding="utf-8"))["model"]["decoder"]["filename"]
     want = logits(ref_path, ids, dec["num_key_value_heads"], dec["head_size"])
     scale = max(float(np.abs(want).max()), 1e-30)
     check = with_accuracy_level(model_dir, 0)

@@ -83,7 +83,7 @@ def model_id_from_path(path: Path) -> str:
 
 
 def genai_facts(model_dir: Path) -> dict[str, Any]:
-    cfg = json.loads((model_dir / "genai_config.json").read_text())["model"]
+    cfg = json.loads((model_dir / "genai_config.json").read_text(encoding="utf-8"))["model"]
     return {"architecture": cfg.get("type", ""), "context_length": int(cfg.get("context_length", 0))}
 
 
@@ -299,7 +299,7 @@ def import_path(store: ModelStore, path: Path, *, model_id: str | None = None,
     path = Path(path).expanduser()
     mid = validate_name(model_id) if model_id else None
     if path.is_file():
-        with open(path, "rb") as f:
+        with Path(path).open("rb") as f:
             is_gguf = f.read(4) == b"GGUF"
         if not is_gguf:
             raise ModelError(f"{path.name} is not a GGUF file",

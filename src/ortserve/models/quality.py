@@ -33,7 +33,7 @@ def token_logprobs(model_dir: Path, ids: list[int], window: int = 512) -> np.nda
     """Log-probability of ids[1:] given their prefixes, window by window (no state across windows)."""
     import onnxruntime as ort
 
-    cfg = json.loads((Path(model_dir) / "genai_config.json").read_text())["model"]["decoder"]
+    cfg = json.loads((Path(model_dir) / "genai_config.json").read_text(encoding="utf-8"))["model"]["decoder"]
     onnx_path = Path(model_dir) / cfg.get("filename", "model.onnx")
     if not onnx_path.is_file():
         raise ModelError(f"{model_dir} has no {onnx_path.name}")

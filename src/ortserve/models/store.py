@@ -89,7 +89,7 @@ def dir_name(model: str, variant: str) -> str:
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with Path(path).open("rb") as f:
         while block := f.read(chunk):
             h.update(block)
     return h.hexdigest()
@@ -116,7 +116,7 @@ class ModelStore:
             if d.name.startswith(".") or not (d / MANIFEST).is_file():
                 continue
             try:
-                out.append(Variant.from_json(json.loads((d / MANIFEST).read_text()), d))
+                out.append(Variant.from_json(json.loads((d / MANIFEST).read_text(encoding="utf-8")), d))
             except (ValueError, TypeError):
                 continue  # a foreign or damaged manifest is not an installed model
         return out
@@ -145,7 +145,7 @@ class ModelStore:
     def lock(self, name: str, timeout: float = 3600.0) -> Iterator[None]:
         locks = self.root / ".locks"
         locks.mkdir(parents=True, exist_ok=True)
-        with open(locks / f"{name}.lock", "a+") as fh:
+        with (locks / f"{name}.lock").open("a+", encoding="utf-8") as fh:
             _lock_file(fh, timeout)
             try:
                 yield
@@ -166,7 +166,7 @@ class ModelStore:
         final = self.root / name
         with self.lock(name):
             if final.is_dir() and (final / MANIFEST).is_file() and not replace:
-                return Variant.from_json(json.loads((final / MANIFEST).read_text()), final)
+                return Variant.from_json(json.loads((final / MANIFEST).read_text(encoding="utf-8")), final)
             self._sweep_tmp(name)
             tmp = self.root / ".tmp" / f"{name}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
             tmp.mkdir(parents=True)
@@ -180,9 +180,9 @@ class ModelStore:
                 _fsync_tree(tmp)
                 if final.exists():
                     trash = self.root / ".tmp" / f"{name}.old.{uuid.uuid4().hex[:8]}"
-                    os.replace(final, trash)
+                    final.replace(trash)
                     shutil.rmtree(trash, ignore_errors=True)
-                os.replace(tmp, final)
+                tmp.replace(final)
                 return v
             except BaseException as exc:
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -194,7 +194,7 @@ class ModelStore:
 
     def update_manifest(self, v: Variant, **changes: Any) -> Variant:
         with self.lock(v.path.name):
-            data = json.loads((v.path / MANIFEST).read_text())
+            data = json.loads((v.path / MANIFEST).read_text(encoding="utf-8"))
             data.update(changes)
             _write_json_atomic(v.path / MANIFEST, data)
         return Variant.from_json(data, v.path)
@@ -207,7 +207,7 @@ class ModelStore:
             with self.lock(v.path.name):
                 trash = self.root / ".tmp" / f"{v.path.name}.rm.{uuid.uuid4().hex[:8]}"
                 trash.parent.mkdir(parents=True, exist_ok=True)
-                os.replace(v.path, trash)
+                v.path.replace(trash)
                 shutil.rmtree(trash, ignore_errors=True)
         return victims
 
@@ -246,17 +246,17 @@ def _disk_full(exc: BaseException) -> bool:
 
 def _write_json_atomic(path: Path, data: Any) -> None:
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
-    with open(tmp, "w", encoding="utf-8") as f:
+    with tmp.open("w", encoding="utf-8") as f:
         json.dump(data, f, indent=2, sort_keys=True)
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, path)
+    tmp.replace(path)
 
 
 def _fsync_tree(root: Path) -> None:
     for p in root.rglob("*"):
         if p.is_file():
-            with open(p, "rb") as f:
+            with p.open("rb") as f:
                 os.fsync(f.fileno())
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import mmap
-import os
 import re
 import struct
 from pathlib import Path
@@ -98,7 +97,7 @@ def check_gguf(path: Path) -> dict[str, Any]:
                                 hint="pip install 'ortserve[convert]'") from exc
     if size < 24:
         raise ModelError(f"GGUF file {path.name} is truncated ({size} bytes)", hint="re-download the file")
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+    with Path(path).open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
         r = _Reader(mm, path)
         if bytes(mm[:4]) != b"GGUF":
             raise ModelError(f"{path.name} is not a GGUF file (bad magic)",
@@ -277,7 +276,7 @@ def check_external_data(onnx_file: Path, root: Path) -> str:
         if tensor.data_location == onnx.TensorProto.EXTERNAL:
             loc = next((e.value for e in tensor.external_data if e.key == "location"), "")
             target = onnx_file.parent / loc
-            if not loc or os.path.isabs(loc) or ".." in Path(loc).parts or not _inside(root, target):
+            if not loc or Path(loc).is_absolute() or ".." in Path(loc).parts or not _inside(root, target):
                 raise ModelError(f"{onnx_file.name}: tensor {tensor.name!r} reads external data from "
                                  f"{loc!r}, outside the model directory",
                                  hint="refusing it; a model's data files must live in its directory")

@@ -9,7 +9,7 @@ Shape (docs/router.md has a full example):
 from __future__ import annotations
 
 import json
-import sys
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -21,11 +21,6 @@ from ortserve.providers import PROVIDER_TYPES
 from ortserve.providers.base import ProviderOptions
 from ortserve.router.costs import Price
 from ortserve.router.rules import Rule
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 # Names that imply a provider type when `type` is not given.
 TYPE_BY_NAME = {"local": "local", "onnx": "local", "ortserve": "local", "anthropic": "anthropic",

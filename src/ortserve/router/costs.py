@@ -11,7 +11,7 @@ import time
 from collections.abc import Mapping
 from contextlib import closing
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +56,7 @@ BUILTIN_PRICES: dict[str, tuple[float, float]] = {
 
 
 def _normal(model: str) -> str:
-    return model.split("/")[-1].lower().replace(".", "-").split(":")[0]
+    return model.rsplit("/", maxsplit=1)[-1].lower().replace(".", "-").split(":")[0]
 
 
 class PriceTable:
@@ -205,7 +205,7 @@ class Ledger:
 
 
 def _iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 _RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdw])$")
@@ -220,10 +220,10 @@ def parse_since(value: str, now: float | None = None) -> float:
     if m:
         return now - float(m.group(1)) * _UNITS[m.group(2)]
     try:
-        dt = datetime.fromisoformat(v.replace("Z", "+00:00"))
+        dt = datetime.fromisoformat(v)
     except ValueError:
         raise ValueError(f"--since takes 24h, 7d, 30m, 2w or an ISO date like 2026-11-01, got {value!r}") \
             from None
     if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=timezone.utc)
+        dt = dt.replace(tzinfo=UTC)
     return dt.timestamp()

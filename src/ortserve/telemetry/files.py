@@ -246,7 +246,7 @@ def _unlinked(fd: int) -> bool:
 def exclusive_lock(path: Path) -> Iterator[None]:
     """An advisory inter-process lock held for the block (fcntl on POSIX, msvcrt on Windows)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+b") as fh:
+    with path.open("a+b") as fh:
         if sys.platform == "win32":  # pragma: no cover - Windows only
             import msvcrt
 
@@ -277,7 +277,7 @@ def read_complete_lines(path: Path, offset: int = 0) -> Iterator[tuple[int, byte
     (a file still being written) is left for later."""
     if not path.exists():  # pruned since it was listed
         return
-    with open(path, "rb") as fh:
+    with Path(path).open("rb") as fh:
         fh.seek(offset)
         pos = offset
         for raw in fh:

@@ -101,7 +101,7 @@ def load_state(directory: Path) -> dict[str, Any]:
 def save_state(directory: Path, state: dict[str, Any]) -> None:
     tmp = directory / f"{STATE_FILE}.{os.getpid()}.tmp"
     tmp.write_text(json.dumps(state, indent=1, sort_keys=True), encoding="utf-8")
-    os.replace(tmp, directory / STATE_FILE)
+    tmp.replace(directory / STATE_FILE)
 
 
 def pending(directory: Path) -> dict[str, int]:

@@ -7,7 +7,7 @@ import math
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -168,5 +168,5 @@ def parse_since(text: str, now: float) -> float:
         raise InvalidRequest(f"--since {text!r}: use a duration like 30m, 2h, 7d or an ISO date "
                              "like 2025-03-07T12:00", param="since") from None
     if when.tzinfo is None:
-        when = when.replace(tzinfo=timezone.utc)
+        when = when.replace(tzinfo=UTC)
     return when.timestamp()

@@ -21,7 +21,7 @@ WINDOW = 512
 
 def _rope(model_dir: Path) -> object:
     try:
-        return json.loads((model_dir / "config.json").read_text()).get("rope_theta")
+        return json.loads((model_dir / "config.json").read_text(encoding="utf-8")).get("rope_theta")
     except (OSError, ValueError):
         return None
 
@@ -34,7 +34,7 @@ def v4_source(hf_dir: Path) -> Path:
     saved config computes wrong positions (perplexity 24.5 instead of 22.6). This writes a
     config with the real values next to links to the weights.
     """
-    cfg = json.loads((hf_dir / "config.json").read_text())
+    cfg = json.loads((hf_dir / "config.json").read_text(encoding="utf-8"))
     rope = cfg.get("rope_parameters") or {}
     if "rope_theta" not in rope:
         return hf_dir
@@ -47,7 +47,7 @@ def v4_source(hf_dir: Path) -> Path:
         link = out / f.name
         if f.name != "config.json" and f.is_file() and not link.exists():
             link.symlink_to(f.resolve())
-    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    (out / "config.json").write_text(json.dumps(cfg, indent=2), encoding="utf-8")
     return out
 
 

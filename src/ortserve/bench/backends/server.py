@@ -42,7 +42,7 @@ class ServerBackend(Backend):
         if spec.threads:
             cmd += ["--intra-op-threads", str(spec.threads)]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1"}, encoding="utf-8", errors="replace")
         deadline = time.monotonic() + ready_timeout
         while True:
             if self.proc.poll() is not None:
