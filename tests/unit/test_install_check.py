@@ -27,8 +27,8 @@ def test_cpu_and_cuda_builds_side_by_side_are_a_clash_with_one_fix() -> None:
 def test_a_genai_build_paired_with_the_wrong_runtime_is_reported() -> None:
     rep = check_install(["onnxruntime", "onnxruntime-genai-cuda"])
     assert not rep.ok
-    assert rep.problems == ["onnxruntime-genai-cuda is built against onnxruntime-gpu, which is not installed "
-                            "(found onnxruntime)"]
+    assert rep.problems == [("onnxruntime-genai-cuda is built against onnxruntime-gpu, which is not installed "
+                             "(found onnxruntime)")]
     assert rep.fix.endswith("pip install onnxruntime-genai-cuda onnxruntime-gpu")
 
 
