@@ -79,6 +79,15 @@ class Settings(BaseSettings):
                                 description="Largest max_tokens a request may ask for")
     default_max_tokens: int = Field(256, ge=1, validation_alias=_env("ORTSERVE_DEFAULT_MAX_TOKENS"),
                                     description="max_tokens when a request gives none")
+    # model manager (server/manager.py)
+    keep_alive: float = Field(300.0, validation_alias=_env("ORTSERVE_KEEP_ALIVE"),
+                              description="Seconds an idle on-demand model stays loaded (0 = unload after "
+                                          "each request, -1 = never); requests may override with keep_alive")
+    memory_budget_mb: int = Field(0, ge=0, validation_alias=_env("ORTSERVE_MEMORY_BUDGET_MB"),
+                                  description="Memory for all loaded models in MB; idle ones are evicted LRU "
+                                              "(0 = 80% of available RAM, or of GPU memory on cuda)")
+    load_wait: float = Field(60.0, gt=0, validation_alias=_env("ORTSERVE_LOAD_WAIT"),
+                             description="Seconds a request waits for its model to load before 503 + Retry-After")
     # router and telemetry
     router_config: Path | None = Field(None, validation_alias=_env("ORTSERVE_ROUTER_CONFIG"),
                                        description="Routing config file (JSON or TOML); none = local only")

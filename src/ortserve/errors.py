@@ -10,6 +10,7 @@ class OrtServeError(Exception):
     status = 500
     type = "server_error"
     code: str | None = None
+    retry_after: float | None = None  # seconds, sent as Retry-After (429/503)
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None,
                  hint: str | None = None) -> None:
@@ -23,6 +24,10 @@ class OrtServeError(Exception):
     def to_openai(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param,
                           "code": self.code}}
+
+    def with_retry_after(self, seconds: float) -> OrtServeError:
+        self.retry_after = seconds
+        return self
 
     def one_line(self) -> str:
         return f"{self.message}" + (f" ({self.hint})" if self.hint else "")

@@ -98,8 +98,9 @@ def test_completions_and_models(client: openai.OpenAI) -> None:
     streamed = "".join(c.choices[0].text for c in client.completions.create(
         model="tiny", prompt="Once upon a time", max_tokens=10, temperature=0, stream=True) if c.choices)
     assert streamed == r.choices[0].text
-    ids = [m.id for m in client.models.list().data]
-    assert ids == ["tiny"]
+    models = client.models.list().data
+    assert models[0].id == "tiny" and models[0].loaded is True  # the pinned model first; then the store's
+    assert all(m.loaded is False for m in models[1:])
 
 
 def test_text_response_format_is_what_we_do(srv: ServerThread) -> None:

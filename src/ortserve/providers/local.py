@@ -55,10 +55,13 @@ class LocalProvider:
     def __init__(self, engine: EngineLike | None = None, name: str = "local",
                  options: LocalOptions | None = None,
                  loader: Callable[[], Awaitable[EngineLike]] | None = None,
-                 planned_model: str | None = None) -> None:
+                 planned_model: str | None = None,
+                 engines: Callable[[str | None], Awaitable[EngineLike]] | None = None) -> None:
         """engine: a started AsyncEngine; or loader: loads and starts one on first use
-        (planned_model names it until then)."""
+        (planned_model names it until then). engines: the server's model manager, which
+        answers for any store model by name (rules may then target any of them)."""
         self.name = name
+        self.engines = engines
         self.planned_model = planned_model
         self.engine = engine
         self.loader = loader
@@ -87,7 +90,12 @@ class LocalProvider:
         return self.planned_model or "local"
 
     def resolve_model(self, model: str | None) -> str:
-        """The loaded engine answers whatever was asked, so name it (one engine per server)."""
+        """With a model manager, the named store model (an alias first); else the loaded
+        engine answers whatever was asked, so name it (one engine per server)."""
+        if self.engines is not None:
+            if self.options.models:
+                return resolve_alias(self.options.models, model)
+            return model if model and model not in ("default", "auto") else self.default_model()
         if self.engine is not None or not self.options.models:
             return self.default_model()
         return resolve_alias(self.options.models, model)
@@ -128,7 +136,7 @@ class LocalProvider:
         raise ProviderError(f"{self.name}: stream ended without a result", retryable=False)
 
     async def stream(self, request: ChatRequest, model: str) -> AsyncIterator[StreamEvent]:
-        engine = await self._engine()
+        engine = await self.engines(model) if self.engines is not None else await self._engine()
         if model != engine.model_id:
             log.debug("local: %s asked for, %s loaded; the loaded model answers", model, engine.model_id)
         request_id = request.request_id or f"route-{uuid.uuid4().hex[:12]}"

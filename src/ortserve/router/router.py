@@ -127,7 +127,8 @@ class Router:
                 engine = local.engine if local else None
                 loader = local.loader if local else None
                 providers[name] = LocalProvider(engine, name=name, options=spec.options,  # type: ignore[arg-type]
-                                                loader=loader, planned_model=local.planned_model if local else None)
+                                                loader=loader, planned_model=local.planned_model if local else None,
+                                                engines=local.engines if local else None)
             else:
                 providers[name] = PROVIDER_TYPES[spec.type](name, spec.options, env)
         return cls(config, providers, ledger=ledger)

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import hmac
 import logging
+import math
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -18,32 +19,39 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ortserve.config import Settings
 from ortserve.engine import AsyncEngine
 from ortserve.errors import OrtServeError, PayloadTooLarge, Unauthorized, Unavailable
-from ortserve.server import routes_openai, routes_seed
+from ortserve.server import routes_admin, routes_openai, routes_seed
+from ortserve.server.manager import ModelManager
 from ortserve.server.state import ServerState
 from ortserve.telemetry import Telemetry, TelemetryMiddleware
 
 log = logging.getLogger("ortserve.server")
 KNOWN_ROUTES = {"/healthz", "/metrics", "/v1/chat", "/v1/chat/stream", "/v1/chat/completions",
-                "/v1/completions", "/v1/models"}
+                "/v1/completions", "/v1/models", "/v1/admin/ps", "/v1/admin/load", "/v1/admin/unload"}
 
 
 def error_response(err: OrtServeError) -> JSONResponse:
-    headers = {"Retry-After": "1"} if err.status == 429 else None
+    headers = None
+    if err.status == 429 or err.retry_after is not None:
+        headers = {"Retry-After": str(math.ceil(err.retry_after or 1))}
     return JSONResponse(err.to_openai(), status_code=err.status, headers=headers)
 
 
 def create_app(settings: Settings, *, engine: AsyncEngine | None = None, model_dir: Path | None = None,
                model_id: str | None = None) -> FastAPI:
     """An app serving ``engine``, or the model at ``model_dir`` loaded in the background."""
-    state = ServerState(settings=settings, engine=engine, model_dir=str(model_dir or ""))
+    state = ServerState(settings=settings, model_dir=str(model_dir or ""))
     state.telemetry = Telemetry.from_settings(settings)
+    state.manager = ModelManager(settings)
+    state.metrics.watch_models(state.manager)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         state.telemetry.install_logging()
         loader = asyncio.ensure_future(_load(state, model_dir, model_id)) if engine is None else None
         if engine is not None:
-            await _started(state, engine)
+            await state.manager.adopt(engine, engine.model.dir, engine.model_id)  # type: ignore[union-attr]
+            _started(state, engine)
+        state.manager.start()  # type: ignore[union-attr]
         try:
             yield
         finally:
@@ -51,8 +59,7 @@ def create_app(settings: Settings, *, engine: AsyncEngine | None = None, model_d
                 loader.cancel()
             if state.router is not None:
                 await state.router.aclose()
-            if state.engine is not None:
-                await state.engine.stop()
+            await state.manager.close()  # type: ignore[union-attr]
             if state.telemetry is not None:
                 state.telemetry.shutdown()
 
@@ -60,6 +67,7 @@ def create_app(settings: Settings, *, engine: AsyncEngine | None = None, model_d
     app.state.ortserve = state
     app.include_router(routes_seed.router)
     app.include_router(routes_openai.router)
+    app.include_router(routes_admin.router)
 
     @app.exception_handler(OrtServeError)
     async def _ortserve_error(_req: Request, err: OrtServeError) -> JSONResponse:
@@ -95,13 +103,16 @@ def validation_to_error(err: RequestValidationError) -> OrtServeError:
     return InvalidRequest(f"'{param}': {msg}" if param else msg, param=param)
 
 
-async def _started(state: ServerState, engine: AsyncEngine) -> None:
-    await engine.start()
+def _started(state: ServerState, engine: AsyncEngine) -> None:
+    """The pinned start model is up: the default engine, its metrics, the router over the manager."""
     state.engine = engine
     state.metrics.bind(engine.stats)
+    from ortserve.providers.local import LocalProvider
     from ortserve.router.router import Router
 
-    state.router = Router.from_settings(state.settings, local=engine)
+    manager = state.manager
+    local = LocalProvider(engine, engines=(lambda m: manager.get(m)) if manager is not None else None)
+    state.router = Router.from_settings(state.settings, local=local)
     if state.telemetry is not None:
         state.telemetry.observe_engine(engine.stats, model=engine.model_id)
 
@@ -110,8 +121,9 @@ async def _load(state: ServerState, model_dir: Path | None, model_id: str | None
     try:
         if model_dir is None:
             raise OrtServeError("no model given")
-        engine = await asyncio.to_thread(AsyncEngine.load, model_dir, state.settings, model_id)
-        await _started(state, engine)
+        assert state.manager is not None
+        engine = await state.manager.preload(Path(model_dir), model_id or Path(model_dir).name)
+        _started(state, engine)
     except OrtServeError as exc:
         state.load_error = exc.one_line()
         log.error("model failed to load: %s", state.load_error)

@@ -133,9 +133,17 @@ class _Sampling(_Contract):
     repetition_penalty: float | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
+    keep_alive: float | str | None = None  # seconds or "5m"; 0 = unload after, -1 = keep (server/manager.py)
 
     default_temperature: ClassVar[float] = 1.0
     REFUSED: ClassVar[dict[str, str]] = OPENAI_REFUSED
+
+    @field_validator("keep_alive")
+    @classmethod
+    def _keep_alive(cls, v: Any) -> Any:
+        from ortserve.server.manager import parse_keep_alive
+
+        return parse_keep_alive(v)
 
     def to_sampling_params(self, default_max_tokens: int, max_tokens_cap: int,
                            max_tokens: int | None = None) -> SamplingParams:

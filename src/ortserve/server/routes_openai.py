@@ -11,9 +11,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
-from ortserve.engine import AsyncEngine, RequestHandle
-from ortserve.errors import NotFound
-from ortserve.models.catalog import CATALOG
+from ortserve.engine import RequestHandle
 from ortserve.server.protocol import ChatCompletionRequest, CompletionRequest
 from ortserve.server.routes_routed import routed_chat, wants_router
 from ortserve.server.routes_seed import state_of
@@ -23,40 +21,46 @@ from ortserve.telemetry import span_of
 from ortserve.types import SamplingParams
 
 router = APIRouter()
-GENERIC_NAMES = {"onnx-genai", "default", "local"}
-
-
-def check_model(engine: AsyncEngine, requested: str | None) -> str:
-    """The served model answers to its id, its catalog aliases and the seed's 'onnx-genai'."""
-    served = engine.model_id
-    if requested is None or requested == served or requested in GENERIC_NAMES:
-        return served
-    entry = CATALOG.get(served)
-    if entry is not None and requested in entry.aliases:
-        return served
-    raise NotFound(f"The model '{requested}' does not exist; this server serves '{served}'",
-                   param="model", code="model_not_found")
 
 
 @router.get("/v1/models")
 async def models(request: Request) -> dict[str, Any]:
+    """The pinned model first, then every model the store can serve, each saying if it is loaded."""
     st = state_of(request)
     engine = st.ready_engine()
     data = [{"id": engine.model_id, "object": "model", "created": int(st.started), "owned_by": "ortserve",
-             "context_length": engine.context_length}]
+             "context_length": engine.context_length, "loaded": True, "pinned": True}]
+    data += store_models(st, skip={engine.model_id})
     if st.router is not None and len(st.router.providers) > 1:  # cloud providers configured
         data.append({"id": "auto", "object": "model", "created": int(st.started), "owned_by": "ortserve-router"})
     return {"object": "list", "data": data}
 
 
+def store_models(st: Any, skip: set[str]) -> list[dict[str, Any]]:
+    """Every store variant as an OpenAI model entry, with loaded yes/no from the manager."""
+    from ortserve.models.store import ModelStore
+
+    loaded = {r["model"]: r for r in (st.manager.ps() if st.manager is not None else [])}
+    out = []
+    for v in ModelStore(st.settings.store_dir).variants():
+        if v.id in skip:
+            continue
+        row = loaded.get(v.id)
+        out.append({"id": v.id, "object": "model", "created": int(v.created), "owned_by": "ortserve",
+                    "context_length": v.context_length or None, "loaded": bool(row and row["state"] == "loaded"),
+                    "pinned": False, "aliases": v.aliases})
+    return out
+
+
 @router.post("/v1/chat/completions", response_model=None)
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
     st = state_of(request)
-    engine = st.ready_engine()
     span = span_of(request)
-    if wants_router(st, body.model, engine.model_id):
+    if wants_router(st, body.model, st.served_id):
+        st.ready_engine()
         return await routed_chat(body, request, st, span)
-    model = check_model(engine, body.model)
+    engine = await st.engine_for(body.model, body.keep_alive)
+    model = engine.model_id
     span.set(model=model, provider="local", execution_provider=engine.model.choice.device)
     params = body.to_sampling_params(st.settings.default_max_tokens, st.settings.max_tokens_cap,
                                      body.effective_max_tokens())
@@ -105,8 +109,8 @@ async def _chat_chunks(st: Any, handles: list[RequestHandle], rid: str, created:
 @router.post("/v1/completions", response_model=None)
 async def completions(body: CompletionRequest, request: Request) -> Any:
     st = state_of(request)
-    engine = st.ready_engine()
-    model = check_model(engine, body.model)
+    engine = await st.engine_for(body.model, body.keep_alive)
+    model = engine.model_id
     span = span_of(request)
     span.set(model=model, provider="local", execution_provider=engine.model.choice.device)
     params: SamplingParams = body.to_sampling_params(st.settings.default_max_tokens, st.settings.max_tokens_cap)

@@ -50,11 +50,12 @@ async def metrics(request: Request) -> Response:
     return Response(state_of(request).metrics.render(), media_type="text/plain; version=0.0.4")
 
 
-def _submit(body: SeedChatRequest, request: Request, streaming: bool) -> tuple[ServerState, Any, RequestHandle]:
+async def _submit(body: SeedChatRequest, request: Request,
+                  streaming: bool) -> tuple[ServerState, Any, RequestHandle]:
     """Validate, queue, and label the request's telemetry span: what both seed routes do first."""
     body.check_stream(streaming)
     st = state_of(request)
-    engine = st.ready_engine()
+    engine = await st.engine_for(body.model, body.keep_alive)
     params = body.to_sampling_params(st.settings.default_max_tokens, st.settings.max_tokens_cap)
     span = span_of(request)
     span.set(model=engine.model_id, provider="local", execution_provider=engine.model.choice.device)
@@ -63,7 +64,7 @@ def _submit(body: SeedChatRequest, request: Request, streaming: bool) -> tuple[S
 
 @router.post("/v1/chat")
 async def chat(body: SeedChatRequest, request: Request) -> dict[str, Any]:
-    st, span, handle = _submit(body, request, streaming=False)
+    st, span, handle = await _submit(body, request, streaming=False)
     answer = await unless_disconnected(request, collect(handle))
     st.record(span, answer.metrics, answer.finish_reason)
     return {"content": answer.text, "finish_reason": answer.finish_reason, "metrics": answer.metrics.to_dict()}
@@ -71,7 +72,7 @@ async def chat(body: SeedChatRequest, request: Request) -> dict[str, Any]:
 
 @router.post("/v1/chat/stream")
 async def chat_stream(body: SeedChatRequest, request: Request) -> StreamingResponse:
-    st, span, handle = _submit(body, request, streaming=True)
+    st, span, handle = await _submit(body, request, streaming=True)
 
     async def events() -> AsyncIterator[str]:
         async for ev in handle:

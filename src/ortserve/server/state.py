@@ -1,4 +1,4 @@
-"""What the routes share: settings, the engine once loaded, metrics, lifecycle flags."""
+"""What the routes share: settings, the models (through the manager), metrics, lifecycle flags."""
 
 from __future__ import annotations
 
@@ -9,13 +9,14 @@ from typing import Any
 from ortserve.config import Settings
 from ortserve.engine import AsyncEngine
 from ortserve.errors import Unavailable
+from ortserve.server.manager import GENERIC_NAMES, ModelManager
 from ortserve.telemetry.metrics import ServerMetrics
 
 
 @dataclass
 class ServerState:
     settings: Settings
-    engine: AsyncEngine | None = None
+    engine: AsyncEngine | None = None       # the pinned model the server started with
     model_dir: str = ""
     load_error: str | None = None
     draining: bool = False
@@ -23,6 +24,7 @@ class ServerState:
     metrics: ServerMetrics = field(default_factory=ServerMetrics)
     router: Any = None
     telemetry: Any = None
+    manager: ModelManager | None = None
 
     def record(self, span: Any, metrics: Any, finish_reason: str | None) -> None:
         """A finished generation, into Prometheus and the request's telemetry span."""
@@ -30,9 +32,27 @@ class ServerState:
         span.add_result(metrics, finish_reason)
 
     def ready_engine(self) -> AsyncEngine:
+        """The pinned start model, or 503 while it loads (or after it failed)."""
         if self.draining:
             raise Unavailable("the server is shutting down")
         if self.engine is None:
             raise Unavailable(f"the model failed to load: {self.load_error}" if self.load_error
                               else "the model is still loading; retry shortly")
         return self.engine
+
+    @property
+    def served_id(self) -> str:
+        return self.engine.model_id if self.engine is not None else ""
+
+    async def engine_for(self, model: str | None, keep_alive: Any = None) -> AsyncEngine:
+        """The started engine for the requested model: the pinned one for None, its id and its
+        aliases; any other store model is loaded on first use (see server/manager.py).
+        Call submit() right after, with no await between: that keeps an idle model from being
+        unloaded in the gap."""
+        default = self.ready_engine()
+        if self.manager is None or model is None or model == default.model_id or model.lower() in GENERIC_NAMES:
+            if self.manager is not None:
+                await self.manager.get(None, keep_alive=None)  # counts the request
+            return default
+        engine: AsyncEngine = await self.manager.get(model, keep_alive=keep_alive)
+        return engine

@@ -31,6 +31,10 @@ class ServerMetrics:
     def bind(self, stats: Callable[[], Any]) -> None:
         self._stats = stats
 
+    def watch_models(self, manager: Any) -> None:
+        """Per-model series from the model manager (anything with ps() rows), read at scrape time."""
+        self.registry.register(ModelCollector(manager))
+
     def observe(self, metrics: Any) -> None:
         if metrics is None:
             return
@@ -49,3 +53,38 @@ class ServerMetrics:
             self.running.set(s.running)
             self.tps.set(s.tokens_per_second)
         return generate_latest(self.registry)
+
+
+class ModelCollector:
+    """ortserve_model_* series, one label set per model the manager holds."""
+
+    def __init__(self, manager: Any) -> None:
+        self.manager = manager
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        rows = self.manager.ps()
+        loaded = GaugeMetricFamily("ortserve_model_loaded", "1 when loaded, 0 while loading", labels=["model", "kind"])
+        memory = GaugeMetricFamily("ortserve_model_memory_bytes", "Planned memory of the model",
+                                   labels=["model"])
+        idle = GaugeMetricFamily("ortserve_model_idle_seconds", "Seconds since the model last served",
+                                 labels=["model"])
+        running = GaugeMetricFamily("ortserve_model_running_requests", "Requests generating", labels=["model"])
+        waiting = GaugeMetricFamily("ortserve_model_queue_depth", "Requests waiting", labels=["model"])
+        requests = CounterMetricFamily("ortserve_model_requests", "Requests served by the model since it loaded",
+                                       labels=["model"])
+        for r in rows:
+            m = r["model"]
+            loaded.add_metric([m, r["kind"]], 1.0 if r["state"] == "loaded" else 0.0)
+            memory.add_metric([m], float(r["memory_bytes"]))
+            idle.add_metric([m], float(r["idle_seconds"]))
+            running.add_metric([m], float(r["running"]))
+            waiting.add_metric([m], float(r["waiting"]))
+            requests.add_metric([m], float(r["requests"]))
+        budget = GaugeMetricFamily("ortserve_models_memory_budget_bytes", "Memory budget for loaded models")
+        budget.add_metric([], float(self.manager.budget))
+        yield from (loaded, memory, idle, running, waiting, requests, budget)

@@ -1,0 +1,485 @@
+"""Which models are loaded: load on demand, keep_alive, a memory budget, LRU eviction.
+
+One ModelManager per server. A request names a model (any store model, or the pinned one
+the server started with); the manager hands back its started engine, loading it first if
+needed. Concurrent first requests share one load; a request waits at most ``load_wait``
+seconds, then gets 503 with Retry-After. Loaded models count against one memory budget
+(their planned size: weight files plus the KV cache of ``max_batch`` short sequences);
+when a new one does not fit, idle unpinned models go, least recently used first. A model
+larger than the whole budget gets 507 naming the numbers.
+
+What it manages is anything with ``async start()``, ``async stop()`` and a way to say it is
+busy (``stats()`` with running/waiting, like AsyncEngine, or ``busy()``): chat engines today,
+embedding models through :meth:`ModelManager.register_kind`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ortserve.errors import InvalidRequest, NotFound, OrtServeError, Unavailable
+
+log = logging.getLogger("ortserve.manager")
+GENERIC_NAMES = {"onnx-genai", "default", "local"}
+Loader = Callable[[Path, str], Any]          # (model dir, model id) -> an unstarted managed object (sync)
+Estimator = Callable[[Path], int]            # model dir -> planned bytes
+MB = 1 << 20
+
+
+class InsufficientMemory(OrtServeError):
+    """A model that cannot fit in the memory budget even with nothing else loaded."""
+
+    status = 507
+    type = "invalid_request_error"
+    code = "model_too_large"
+
+
+@dataclass
+class Slot:
+    """One model the manager knows about: loading, loaded, or (after unload) forgotten."""
+
+    id: str
+    kind: str
+    dir: Path
+    planned_bytes: int
+    pinned: bool = False
+    obj: Any = None
+    task: asyncio.Task[Any] | None = None
+    loaded_at: float = 0.0
+    last_used: float = field(default_factory=time.monotonic)
+    requests: int = 0
+    loads: int = 0
+    keep_alive: float | None = None   # the last request's override; None = the server setting
+    rss_delta: int = 0
+    error: str | None = None
+    waiters: int = 0                  # requests between "give me the model" and their submit
+
+
+    @property
+    def state(self) -> str:
+        return "loaded" if self.obj is not None else "loading"
+
+    def busy(self) -> bool:
+        if self.waiters:
+            return True
+        if self.obj is None:
+            return False
+        check = getattr(self.obj, "busy", None)
+        if callable(check):
+            return bool(check())
+        stats = getattr(self.obj, "stats", None)
+        if callable(stats):
+            s = stats()
+            return bool(s.running or s.waiting)
+        return False
+
+
+def weights_bytes(model_dir: Path) -> int:
+    """Bytes of the model's weight files (ONNX graphs and external data)."""
+    total = 0
+    for p in Path(model_dir).iterdir():
+        if p.is_file() and (p.suffix in (".onnx", ".data", ".bin") or p.name.endswith(".onnx.data")):
+            total += p.stat().st_size
+    return total
+
+
+def chat_estimate(settings: Any, kv_tokens: int = 512) -> Estimator:
+    """Planned memory of a chat model: weights + the KV cache of max_batch sequences of
+    ``kv_tokens`` (the cache grows on demand, so this is what a busy model commonly holds)."""
+
+    def estimate(model_dir: Path) -> int:
+        size = weights_bytes(model_dir)
+        try:
+            dec = json.loads((Path(model_dir) / "genai_config.json").read_text())["model"]["decoder"]
+            per_token = 2 * int(dec["num_hidden_layers"]) * int(dec["num_key_value_heads"]) * int(dec["head_size"])
+            size += per_token * 4 * int(getattr(settings, "max_batch", 16)) * kv_tokens
+        except (OSError, KeyError, TypeError, ValueError):
+            pass
+        return size
+
+    return estimate
+
+
+def default_budget(settings: Any) -> int:
+    """The memory budget in bytes: the setting, else 80% of the RAM available at start
+    (80% of the GPU's memory when serving on CUDA and nvidia-smi can say how much)."""
+    mb = int(getattr(settings, "memory_budget_mb", 0) or 0)
+    if mb > 0:
+        return mb * MB
+    if getattr(settings, "device", "auto") == "cuda":
+        gpu = _gpu_total_bytes()
+        if gpu:
+            return int(gpu * 0.8)
+    import psutil
+
+    return int(psutil.virtual_memory().available * 0.8)
+
+
+def _gpu_total_bytes() -> int | None:
+    import shutil
+    import subprocess
+
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    try:
+        out = subprocess.run([exe, "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10, check=True).stdout
+        return int(out.splitlines()[0].strip()) * MB
+    except (OSError, ValueError, IndexError, subprocess.SubprocessError):
+        return None
+
+
+def parse_keep_alive(value: Any) -> float | None:
+    """Seconds from a number or a duration like "30s", "5m", "1h"; -1 (any negative) = forever."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise ValueError("keep_alive must be seconds or a duration like '5m'")  # noqa: TRY004 - pydantic wants ValueError
+    if isinstance(value, (int, float)):
+        if not math.isfinite(value):
+            raise ValueError("keep_alive must be finite")
+        return -1.0 if value < 0 else float(value)
+    text = str(value).strip().lower()
+    units = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+    for suffix in ("ms", "s", "m", "h"):
+        if text.endswith(suffix):
+            try:
+                return parse_keep_alive(float(text[: -len(suffix)]) * units[suffix])
+            except ValueError:
+                break
+    try:
+        return parse_keep_alive(float(text))
+    except ValueError:
+        raise ValueError(f"keep_alive {value!r} is not seconds or a duration like '30s', '5m', '1h'") from None
+
+
+def _rss() -> int:
+    try:
+        import psutil
+
+        return int(psutil.Process().memory_info().rss)
+    except Exception:  # noqa: BLE001 - informational only
+        return 0
+
+
+class ModelManager:
+    def __init__(self, settings: Any, *, budget_bytes: int | None = None,
+                 resolve: Callable[[str], tuple[Path, str]] | None = None) -> None:
+        self.settings = settings
+        self.budget = budget_bytes if budget_bytes is not None else default_budget(settings)
+        self.slots: dict[str, Slot] = {}
+        self.aliases: dict[str, str] = {}           # names a request used -> slot id
+        self.default_id: str | None = None
+        self.kinds: dict[str, tuple[Loader, Estimator]] = {}
+        self._resolve = resolve or self._resolve_store
+        self._admit = asyncio.Lock()
+        self._reaper: asyncio.Task[None] | None = None
+        self.on_change: list[Callable[[], None]] = []
+        self.loads_total: dict[str, int] = {}      # model id -> loads since start (reloads count)
+        self.register_kind("chat", self._load_engine, chat_estimate(settings))
+
+    # ---- configuration ---------------------------------------------------------------
+    def register_kind(self, kind: str, loader: Loader, estimate: Estimator) -> None:
+        """A kind of model: ``loader(dir, id)`` builds it (in a thread), ``estimate(dir)`` sizes it."""
+        self.kinds[kind] = (loader, estimate)
+
+    def _load_engine(self, model_dir: Path, model_id: str) -> Any:
+        from ortserve.engine import AsyncEngine
+
+        return AsyncEngine.load(model_dir, self.settings, model_id)
+
+    @property
+    def keep_alive_default(self) -> float:
+        return float(getattr(self.settings, "keep_alive", 300.0))
+
+    @property
+    def load_wait(self) -> float:
+        return float(getattr(self.settings, "load_wait", 60.0))
+
+    # ---- the pinned model the server started with ---------------------------------------
+    async def adopt(self, obj: Any, model_dir: Path | str, model_id: str, *, kind: str = "chat",
+                    pinned: bool = True) -> Slot:
+        """An already loaded (unstarted or started) object; the server's start model."""
+        await obj.start()
+        slot = Slot(id=model_id, kind=kind, dir=Path(model_dir), planned_bytes=self._estimate(kind, model_dir),
+                    pinned=pinned, obj=obj, loaded_at=time.time(), loads=1)
+        self.slots[model_id] = slot
+        if pinned and kind == "chat" and self.default_id is None:
+            self.default_id = model_id
+        self._changed()
+        return slot
+
+    async def preload(self, model_dir: Path, model_id: str, *, kind: str = "chat") -> Any:
+        """Load and pin the start model (it is never evicted nor unloaded by keep_alive)."""
+        if kind == "chat":
+            self.default_id = model_id
+        slot = Slot(id=model_id, kind=kind, dir=Path(model_dir), planned_bytes=self._estimate(kind, model_dir),
+                    pinned=True)
+        self.slots[model_id] = slot
+        slot.task = asyncio.ensure_future(self._load(slot))
+        return await asyncio.shield(slot.task)
+
+    # ---- what requests call -----------------------------------------------------------
+    async def get(self, name: str | None, *, kind: str = "chat", keep_alive: Any = None) -> Any:
+        """The started object for ``name``: loaded on first use, waited for while loading."""
+        slot = await self.slot_for(name, kind=kind)
+        ka = parse_keep_alive(keep_alive)
+        if ka is not None and not slot.pinned:
+            slot.keep_alive = ka
+        obj = await self._ready(slot)
+        slot.requests += 1
+        slot.last_used = time.monotonic()
+        return obj
+
+    async def slot_for(self, name: str | None, *, kind: str = "chat") -> Slot:
+        sid = self.id_for(name, kind)
+        slot = self.slots.get(sid)
+        if slot is not None:
+            return slot
+        model_dir, sid2 = self._resolve_dir(name or "", sid)
+        async with self._admit:
+            slot = self.slots.get(sid2)
+            if slot is None:
+                slot = Slot(id=sid2, kind=kind, dir=model_dir, planned_bytes=self._estimate(kind, model_dir))
+                await self._make_room(slot)
+                self.slots[sid2] = slot
+                slot.task = asyncio.ensure_future(self._load(slot))
+                self._changed()
+        return slot
+
+    def id_for(self, name: str | None, kind: str = "chat") -> str:
+        """The slot id a request's model name means (without loading anything)."""
+        if kind == "chat" and (name is None or name.lower() in GENERIC_NAMES) and self.default_id:
+            return self.default_id
+        if name is None:
+            raise InvalidRequest("'model' is required", param="model", code="missing_required_parameter")
+        if name in self.slots:
+            return name
+        if name in self.aliases:
+            return self.aliases[name]
+        default = self.slots.get(self.default_id or "")
+        if kind == "chat" and default is not None and name in _catalog_aliases(default.id):
+            return default.id
+        return name
+
+    def _resolve_dir(self, name: str, sid: str) -> tuple[Path, str]:
+        if sid in self.slots:
+            return self.slots[sid].dir, sid
+        model_dir, model_id = self._resolve(name)
+        self.aliases[name] = model_id
+        return model_dir, model_id
+
+    def _resolve_store(self, name: str) -> tuple[Path, str]:
+        from ortserve.models import select
+        from ortserve.models.locate import looks_like_path
+        from ortserve.models.store import ModelStore
+
+        served = ", ".join(sorted(self.slots)) or "none"
+        if looks_like_path(name):
+            raise NotFound(f"The model '{name}' does not exist: requests name store models, not paths "
+                           f"(loaded: {served})", param="model", code="model_not_found")
+        try:
+            res = select.resolve(ModelStore(self.settings.store_dir), name, getattr(self.settings, "device", "cpu"))
+        except NotFound:
+            raise NotFound(f"The model '{name}' does not exist in this server's store (loaded: {served}); "
+                           f"see GET /v1/models", param="model", code="model_not_found") from None
+        except OrtServeError as exc:
+            raise InvalidRequest(exc.message, param="model", code="model_not_found") from None
+        return res.path, res.model_id
+
+    def _estimate(self, kind: str, model_dir: Path | str) -> int:
+        if kind not in self.kinds:
+            raise InvalidRequest(f"unknown model kind {kind!r}", param="model")
+        try:
+            return int(self.kinds[kind][1](Path(model_dir)))
+        except OSError:
+            return 0
+
+    async def _ready(self, slot: Slot) -> Any:
+        if slot.obj is not None:
+            return slot.obj
+        task = slot.task
+        if task is None:  # unloaded between lookup and here: load again
+            return await self.get(slot.id, kind=slot.kind)
+        started = time.monotonic()
+        slot.waiters += 1
+        try:
+            return await asyncio.wait_for(asyncio.shield(task), timeout=self.load_wait)
+        except asyncio.TimeoutError:
+            waited = time.monotonic() - started
+            raise Unavailable(f"model '{slot.id}' is still loading after {waited:.0f} s; retry shortly",
+                              code="model_loading").with_retry_after(5) from None
+        finally:
+            slot.waiters -= 1
+
+    async def _load(self, slot: Slot) -> Any:
+        loader, _ = self.kinds[slot.kind]
+        before = _rss()
+        t0 = time.monotonic()
+        try:
+            obj = await asyncio.to_thread(loader, slot.dir, slot.id)
+            await obj.start()
+        except OrtServeError as exc:
+            self._forget(slot, exc.one_line())
+            raise
+        except Exception as exc:
+            self._forget(slot, f"{type(exc).__name__}: {exc}")
+            raise Unavailable(f"model '{slot.id}' failed to load: {type(exc).__name__}: {exc}",
+                              code="model_load_failed") from exc
+        slot.obj, slot.loaded_at, slot.task = obj, time.time(), None
+        slot.rss_delta = max(0, _rss() - before)
+        slot.loads += 1
+        self.loads_total[slot.id] = self.loads_total.get(slot.id, 0) + 1
+        slot.last_used = time.monotonic()
+        log.info("loaded %s (%s) in %.1f s, planned %.0f MB", slot.id, slot.kind, time.monotonic() - t0,
+                 slot.planned_bytes / MB)
+        self._changed()
+        return obj
+
+    def _forget(self, slot: Slot, error: str) -> None:
+        slot.error = error
+        if self.slots.get(slot.id) is slot:
+            del self.slots[slot.id]
+        log.error("model %s failed to load: %s", slot.id, error)
+        self._changed()
+
+    # ---- the budget -------------------------------------------------------------------
+    def used_bytes(self) -> int:
+        return sum(s.planned_bytes for s in self.slots.values())
+
+    async def _make_room(self, slot: Slot) -> None:
+        need = slot.planned_bytes
+        pinned = sum(s.planned_bytes for s in self.slots.values() if s.pinned)
+        if need + pinned > self.budget:
+            pins = ", ".join(f"{s.id} {s.planned_bytes / MB:.0f} MB" for s in self.slots.values() if s.pinned)
+            raise InsufficientMemory(
+                f"model '{slot.id}' needs {need / MB:.0f} MB but the memory budget is {self.budget / MB:.0f} MB"
+                + (f" with {pinned / MB:.0f} MB held by pinned models ({pins})" if pinned else "")
+                + "; raise ORTSERVE_MEMORY_BUDGET_MB or use a smaller variant", param="model")
+        deadline = time.monotonic() + self.load_wait
+        while self.used_bytes() + need > self.budget:
+            victim = self._lru_victim()
+            if victim is not None:
+                log.info("evicting %s (idle %.0f s) to make room for %s", victim.id,
+                         time.monotonic() - victim.last_used, slot.id)
+                await self._unload(victim)
+                continue
+            if time.monotonic() >= deadline:
+                busy = ", ".join(s.id for s in self.slots.values() if not s.pinned)
+                raise Unavailable(
+                    f"no room for '{slot.id}' ({need / MB:.0f} MB): {self.used_bytes() / MB:.0f} of "
+                    f"{self.budget / MB:.0f} MB are held by busy or pinned models ({busy}); retry shortly",
+                    code="memory_budget_full").with_retry_after(5)
+            await asyncio.sleep(0.1)
+
+    def _lru_victim(self) -> Slot | None:
+        idle = [s for s in self.slots.values() if not s.pinned and s.obj is not None and not s.busy()]
+        return min(idle, key=lambda s: s.last_used) if idle else None
+
+    # ---- unloading --------------------------------------------------------------------
+    async def unload(self, name: str) -> Slot:
+        """Unload now (admin). Pinned models cannot be; busy ones finish their requests first."""
+        sid = self.id_for(name)
+        slot = self.slots.get(sid)
+        if slot is None:
+            raise NotFound(f"model '{name}' is not loaded", param="model", code="model_not_loaded")
+        if slot.pinned:
+            raise InvalidRequest(f"model '{sid}' is pinned (the model the server started with); "
+                                 "it stays loaded", param="model", code="model_pinned")
+        if slot.task is not None:
+            await asyncio.shield(slot.task)
+        await self._unload(slot)
+        return slot
+
+    async def _unload(self, slot: Slot) -> None:
+        if self.slots.get(slot.id) is slot:
+            del self.slots[slot.id]
+        obj, slot.obj = slot.obj, None
+        if obj is not None:
+            await obj.stop()
+        log.info("unloaded %s", slot.id)
+        self._changed()
+
+    def keep_alive_of(self, slot: Slot) -> float:
+        return slot.keep_alive if slot.keep_alive is not None else self.keep_alive_default
+
+    async def reap_once(self) -> None:
+        now = time.monotonic()
+        for slot in list(self.slots.values()):
+            if slot.pinned or slot.obj is None:
+                continue
+            if slot.busy():
+                slot.last_used = now
+                continue
+            ka = self.keep_alive_of(slot)
+            if ka >= 0 and now - slot.last_used >= ka:
+                log.info("keep_alive %.0f s passed: unloading %s", ka, slot.id)
+                await self._unload(slot)
+
+    async def _reap_forever(self, period: float) -> None:
+        while True:
+            await asyncio.sleep(period)
+            try:
+                await self.reap_once()
+            except Exception:  # the reaper must outlive one bad stop
+                log.exception("keep_alive reaper")
+
+    def start(self, period: float = 0.1) -> None:
+        if self._reaper is None:
+            self._reaper = asyncio.ensure_future(self._reap_forever(period))
+
+    async def close(self) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+            self._reaper = None
+        for slot in list(self.slots.values()):
+            if slot.task is not None:
+                slot.task.cancel()
+            if slot.obj is not None:
+                await slot.obj.stop()
+        self.slots.clear()
+
+    # ---- what users see ---------------------------------------------------------------
+    def ps(self) -> list[dict[str, Any]]:
+        now = time.monotonic()
+        rows = []
+        for s in sorted(self.slots.values(), key=lambda s: (not s.pinned, s.id)):
+            ka = -1.0 if s.pinned else self.keep_alive_of(s)
+            idle = 0.0 if s.busy() else now - s.last_used
+            stats = getattr(s.obj, "stats", None)
+            st = stats() if callable(stats) else None
+            rows.append({"model": s.id, "kind": s.kind, "state": s.state, "pinned": s.pinned,
+                         "memory_bytes": s.planned_bytes, "rss_delta_bytes": s.rss_delta,
+                         "requests": s.requests, "loads": s.loads, "idle_seconds": round(idle, 3),
+                         "keep_alive": ka,
+                         "expires_in": None if ka < 0 or s.obj is None else round(max(0.0, ka - idle), 3),
+                         "running": getattr(st, "running", 0), "waiting": getattr(st, "waiting", 0),
+                         "device": getattr(s.obj, "device", None), "path": str(s.dir)})
+        return rows
+
+    def summary(self) -> dict[str, Any]:
+        return {"budget_bytes": self.budget, "used_bytes": self.used_bytes(), "pid": os.getpid(),
+                "loads_total": dict(self.loads_total), "models": self.ps()}
+
+    def _changed(self) -> None:
+        for fn in self.on_change:
+            fn()
+
+
+def _catalog_aliases(model_id: str) -> set[str]:
+    from ortserve.models.catalog import CATALOG
+
+    base = model_id.partition(":")[0]
+    entry = CATALOG.get(model_id) or CATALOG.get(base)
+    return set(entry.aliases) | {entry.id} if entry is not None else set()
+

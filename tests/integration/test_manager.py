@@ -1,0 +1,154 @@
+"""The model manager through a real server: two store models, keep_alive, eviction under a
+budget, one load for concurrent first requests, a model too large, and ps/load/unload."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from tests.servers import ServerThread
+
+from ortserve.config import load_settings
+from ortserve.models.store import ModelStore
+from ortserve.server.manager import chat_estimate
+
+A, B = "tiny-a:fp32-cpu", "tiny-b:fp32-cpu"
+MSG = [{"role": "user", "content": "Say hi"}]
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Path:
+    """A store holding the tiny model twice (linked, not copied) as tiny-a and tiny-b."""
+    home = tmp_path_factory.mktemp("manager-home")
+    store = ModelStore(home / "models")
+    for name in ("tiny-a", "tiny-b"):
+        store.install(name, "fp32-cpu", lambda _tmp: {"precision": "fp32", "device": "cpu", "link": str(tiny_model)})
+    return home
+
+
+@pytest.fixture(scope="module")
+def model_mb(tiny_model: Path) -> float:
+    return chat_estimate(load_settings())(tiny_model) / (1 << 20)
+
+
+def chat(srv: ServerThread, model: str, **extra: object) -> httpx.Response:
+    return httpx.post(f"{srv.url}/v1/chat/completions", timeout=60,
+                      json={"model": model, "messages": MSG, "max_tokens": 4, "temperature": 0, **extra})
+
+
+def ps(srv: ServerThread) -> dict:
+    return httpx.get(f"{srv.url}/v1/admin/ps", timeout=10).json()
+
+
+def loaded(srv: ServerThread) -> list[str]:
+    return [m["model"] for m in ps(srv)["models"] if m["state"] == "loaded"]
+
+
+def wait_for(cond, timeout: float = 10.0) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_two_store_models_served_by_one_server(home: Path, tiny_model: Path) -> None:
+    with ServerThread(tiny_model, home=home) as srv:
+        ra, rb, rt = chat(srv, A), chat(srv, "tiny-b"), chat(srv, "tiny")
+        assert [r.status_code for r in (ra, rb, rt)] == [200, 200, 200]
+        assert (ra.json()["model"], rb.json()["model"], rt.json()["model"]) == (A, B, "tiny")
+        assert loaded(srv) == ["tiny", A, B]  # pinned first
+        seed = httpx.post(f"{srv.url}/v1/chat", json={"model": A, "messages": MSG, "max_tokens": 2}, timeout=60)
+        assert seed.status_code == 200
+        rows = {m["model"]: m for m in ps(srv)["models"]}
+        assert rows[A]["requests"] == 2 and rows[B]["requests"] == 1 and rows["tiny"]["pinned"]
+        models = {m["id"]: m for m in httpx.get(f"{srv.url}/v1/models").json()["data"]}
+        assert models["tiny"]["loaded"] and models[A]["loaded"] and models[B]["loaded"]
+        metrics = httpx.get(f"{srv.url}/metrics").text
+        assert f'ortserve_model_loaded{{kind="chat",model="{A}"}} 1.0' in metrics
+        assert f'ortserve_model_requests_total{{model="{B}"}} 1.0' in metrics
+        missing = chat(srv, "no-such-model")
+        assert missing.status_code == 404 and missing.json()["error"]["param"] == "model"
+        assert chat(srv, str(tiny_model)).status_code == 404  # requests name store models, not paths
+
+
+def test_keep_alive_unloads_and_next_request_reloads(home: Path, tiny_model: Path) -> None:
+    with ServerThread(tiny_model, home=home, keep_alive=0.5) as srv:
+        assert chat(srv, A).status_code == 200
+        assert wait_for(lambda: A not in loaded(srv), 10)  # the server's keep_alive (0.5 s)
+        assert chat(srv, A, keep_alive=0).status_code == 200  # reloads; 0 = unload right after
+        assert wait_for(lambda: A not in loaded(srv), 5)
+        assert ps(srv)["loads_total"][A] == 2
+        assert chat(srv, A, keep_alive=-1).status_code == 200  # -1: stays
+        time.sleep(1.0)
+        assert A in loaded(srv) and ps(srv)["loads_total"][A] == 3
+        assert "tiny" in loaded(srv)  # the pinned model never goes
+        bad = chat(srv, A, keep_alive="soon")
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "keep_alive"
+
+
+def test_eviction_under_a_small_budget(home: Path, tiny_model: Path, model_mb: float) -> None:
+    budget = math.ceil(model_mb * 2.5)  # the pinned model and one more, not two more
+    with ServerThread(tiny_model, home=home, memory_budget_mb=budget) as srv:
+        assert chat(srv, A).status_code == 200
+        assert chat(srv, B).status_code == 200
+        assert loaded(srv) == ["tiny", B]  # A (idle, least recently used) made room
+        assert chat(srv, A).status_code == 200
+        assert loaded(srv) == ["tiny", A]
+        assert ps(srv)["used_bytes"] <= budget << 20
+
+
+def test_concurrent_first_requests_share_one_load(home: Path, tiny_model: Path) -> None:
+    with ServerThread(tiny_model, home=home) as srv, concurrent.futures.ThreadPoolExecutor(8) as pool:
+        codes = list(pool.map(lambda _: chat(srv, B).status_code, range(8)))
+        assert codes == [200] * 8
+        assert ps(srv)["loads_total"] == {"tiny": 1, B: 1}
+
+
+def test_a_model_too_large_for_the_budget_is_refused(home: Path, tiny_model: Path, model_mb: float) -> None:
+    with ServerThread(tiny_model, home=home, memory_budget_mb=math.ceil(model_mb * 1.5)) as srv:
+        r = chat(srv, A)
+        err = r.json()["error"]
+        assert r.status_code == 507 and err["param"] == "model" and err["code"] == "model_too_large"
+        assert "MB" in err["message"] and "budget" in err["message"] and A in err["message"]
+        assert chat(srv, "tiny").status_code == 200
+
+
+def test_a_slow_load_gets_503_with_retry_after(home: Path, tiny_model: Path) -> None:
+    with ServerThread(tiny_model, home=home, load_wait=0.001) as srv:
+        r = chat(srv, A)
+        assert r.status_code == 503 and r.headers["Retry-After"] == "5"
+        assert r.json()["error"]["code"] == "model_loading"
+        assert wait_for(lambda: A in loaded(srv), 30)
+        assert chat(srv, A).status_code == 200
+        assert ps(srv)["loads_total"][A] == 1
+
+
+def test_ps_load_unload_through_the_cli(home: Path, tiny_model: Path) -> None:
+    with ServerThread(tiny_model, home=home, api_key="sekret") as srv:
+        env = {**os.environ, "ORTSERVE_HOME": str(home)}
+
+        def cli(*args: str, key: str = "sekret") -> subprocess.CompletedProcess[str]:
+            return subprocess.run([sys.executable, "-m", "ortserve.cli.main", *args, "--url", srv.url,
+                                   "--api-key", key], capture_output=True, text=True, env=env, timeout=120,
+                                  check=False)
+
+        r = cli("load", "tiny-a")
+        assert r.returncode == 0 and f"loaded {A}" in r.stdout, r.stderr
+        r = cli("ps")
+        assert r.returncode == 0 and A in r.stdout and "tiny (pinned)" in r.stdout and "MB budget" in r.stdout
+        r = cli("unload", A)
+        assert r.returncode == 0 and f"unloaded {A}" in r.stdout
+        assert A not in cli("ps").stdout
+        r = cli("unload", "tiny")
+        assert r.returncode == 1 and "pinned" in r.stderr
+        r = cli("ps", key="wrong")
+        assert r.returncode == 1 and "401" in r.stderr
