@@ -111,7 +111,7 @@ def _started(state: ServerState, engine: AsyncEngine) -> None:
     from ortserve.router.router import Router
 
     manager = state.manager
-    local = LocalProvider(engine, engines=(lambda m: manager.get(m)) if manager is not None else None)
+    local = LocalProvider(engine, engines=manager.get if manager is not None else None)
     state.router = Router.from_settings(state.settings, local=local)
     if state.telemetry is not None:
         state.telemetry.observe_engine(engine.stats, model=engine.model_id)

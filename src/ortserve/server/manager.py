@@ -99,7 +99,7 @@ def chat_estimate(settings: Any, kv_tokens: int = 512) -> Estimator:
     def estimate(model_dir: Path) -> int:
         size = weights_bytes(model_dir)
         try:
-            dec = json.loads((Path(model_dir) / "genai_config.json").read_text())["model"]["decoder"]
+            dec = json.loads((Path(model_dir) / "genai_config.json").read_text(encoding="utf-8"))["model"]["decoder"]
             per_token = 2 * int(dec["num_hidden_layers"]) * int(dec["num_key_value_heads"]) * int(dec["head_size"])
             size += per_token * 4 * int(getattr(settings, "max_batch", 16)) * kv_tokens
         except (OSError, KeyError, TypeError, ValueError):
@@ -315,7 +315,7 @@ class ModelManager:
         slot.waiters += 1
         try:
             return await asyncio.wait_for(asyncio.shield(task), timeout=self.load_wait)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             waited = time.monotonic() - started
             raise Unavailable(f"model '{slot.id}' is still loading after {waited:.0f} s; retry shortly",
                               code="model_loading").with_retry_after(5) from None
