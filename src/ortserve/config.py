@@ -59,6 +59,10 @@ class Settings(BaseSettings):
     prefill_chunk: int = Field(512, ge=16, validation_alias=_env("ORTSERVE_PREFILL_CHUNK"),
                                description="Prompt tokens prefilled per engine step; longer prompts are "
                                            "prefilled in chunks between decode steps")
+    kv_placement: Literal["auto", "host", "device"] = Field(
+        "auto", validation_alias=_env("ORTSERVE_KV_PLACEMENT"),
+        description="Where the KV cache lives: auto (host for CPU, the GPU's memory for CUDA/DirectML), "
+                    "host, or device (OrtValues on the provider's device, also on CPU)")
     kv_cache_mb: int = Field(0, ge=0, validation_alias=_env("ORTSERVE_KV_CACHE_MB"),
                              description="KV cache budget in MB (0 = half the free memory left after "
                                          "the model, at least 256 MB)")

@@ -45,7 +45,8 @@ class LoadedModel:
         options = candidates(getattr(settings, "device", "auto"))
         for i, choice in enumerate(options):
             try:
-                runner = Runner(self.spec, slots=slots, providers=[choice.provider], session_options=so)
+                runner = Runner(self.spec, slots=slots, providers=[choice.provider], session_options=so,
+                                kv_placement=str(getattr(settings, "kv_placement", "auto")))
             except ModelError as exc:
                 if i == len(options) - 1 and not errors:
                     raise  # nothing to fall back to: the error as it is

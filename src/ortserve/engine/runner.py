@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from ortserve.engine.kvcache import DeviceKV, HostKV, device_of
 from ortserve.errors import ModelError
 
 _NP = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
@@ -70,14 +71,17 @@ class Runner:
     """Batched prefill/decode over an ONNX Runtime session with a shared KV cache."""
 
     def __init__(self, spec: ModelSpec, *, slots: int = 16, capacity: int = 256,
-                 providers: list[Any] | None = None, session_options: Any = None) -> None:
+                 providers: list[Any] | None = None, session_options: Any = None,
+                 kv_placement: str = "auto") -> None:
+        """``kv_placement``: ``host`` (numpy), ``device`` (OrtValues on the provider's device) or
+        ``auto`` (host for the CPU provider, device for the others)."""
         import onnxruntime as ort
 
         self.spec = spec
         self.slots = slots
+        providers = providers or ["CPUExecutionProvider"]
         try:
-            self.session = ort.InferenceSession(str(spec.onnx_path), session_options,
-                                                providers=providers or ["CPUExecutionProvider"])
+            self.session = ort.InferenceSession(str(spec.onnx_path), session_options, providers=providers)
         except Exception as exc:  # onnxruntime raises its own exception types
             raise ModelError(f"cannot load {spec.onnx_path}: {str(exc).splitlines()[0]}",
                              hint="the model file may be corrupt; `ortserve models verify` checks it") from exc
@@ -94,7 +98,11 @@ class Runner:
         self.lengths = np.zeros(slots, dtype=np.int64)  # tokens held in each row
         self.capacity = 0
         self.rows = 0
-        self.kv: list[np.ndarray] = []
+        device = device_of(providers[0])
+        if kv_placement == "device" or (kv_placement == "auto" and device != "cpu"):
+            self.kv: HostKV | DeviceKV = DeviceKV(2 * spec.layers, self.dtype, device, providers)
+        else:
+            self.kv = HostKV(2 * spec.layers, self.dtype)
         self._bindings: dict[tuple[int, int, int], Any] = {}
         # bytes one token takes in one row, keys and values of every layer
         self.bytes_per_token = 2 * spec.layers * spec.kv_heads * spec.head_size * np.dtype(self.dtype).itemsize
@@ -111,12 +119,7 @@ class Runner:
         capacity = min(capacity, self.spec.context_length)
         rows = min(max(rows, 1), self.slots)
         shape = (rows, self.spec.kv_heads, capacity, self.spec.head_size)
-        new = [np.zeros(shape, dtype=self.dtype) for _ in range(2 * self.spec.layers)]
-        if self.kv:
-            keep_rows, keep = min(rows, self.rows), min(capacity, self.capacity)
-            for old, buf in zip(self.kv, new):
-                buf[:keep_rows, :, :keep] = old[:keep_rows, :, :keep]
-        self.kv = new
+        self.kv.allocate(shape, min(rows, self.rows), min(capacity, self.capacity))
         self.capacity = capacity
         self.rows = rows
         self._bindings = {}  # they point at the old buffers
@@ -147,8 +150,7 @@ class Runner:
     def move(self, src: int, dst: int) -> None:
         """Copy row ``src`` into row ``dst`` (compaction when a sequence retires)."""
         n = int(self.lengths[src])
-        for buf in self.kv:
-            buf[dst, :, :n] = buf[src, :, :n]
+        self.kv.move_row(src, dst, n)
         self.lengths[dst] = n
         self.lengths[src] = 0
 
@@ -166,12 +168,13 @@ class Runner:
         io = self._bindings.get(key)
         if io is None:
             io = self.session.io_binding()
+            shape = (rows.stop - rows.start, *self.kv.shape[1:])
+            where = self.kv.device
             for layer in range(self.spec.layers):
                 for j, kind in enumerate(("key", "value")):
-                    view = self.kv[2 * layer + j][rows]
-                    ptr = view.ctypes.data
-                    io.bind_input(f"past_key_values.{layer}.{kind}", "cpu", 0, self.dtype, view.shape, ptr)
-                    io.bind_output(f"present.{layer}.{kind}", "cpu", 0, self.dtype, view.shape, ptr)
+                    ptr = self.kv.pointer(2 * layer + j, rows.start)
+                    io.bind_input(f"past_key_values.{layer}.{kind}", where, 0, self.dtype, shape, ptr)
+                    io.bind_output(f"present.{layer}.{kind}", where, 0, self.dtype, shape, ptr)
             if len(self._bindings) > 4 * self.slots:
                 self._bindings.clear()
             self._bindings[key] = io
@@ -218,6 +221,6 @@ class Runner:
 
     def shrink(self, capacity: int = 256) -> None:
         """Give memory back when idle after long sequences."""
-        self.kv = []
+        self.kv.release()
         self.capacity = self.rows = 0
         self._grow(capacity, 1)
