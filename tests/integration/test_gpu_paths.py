@@ -123,3 +123,42 @@ def test_shipped_kv_graphs_are_the_ones_the_code_makes() -> None:
 
     for name, data in make_graphs().items():
         assert resources.files("ortserve").joinpath("data", name).read_bytes() == data, name
+
+
+def test_gpu_benchmark_runs_on_the_cpu_provider(tiny_model: Path) -> None:
+    """benchmarks/gpu.py is the GPU measurement; on CPU its code paths run, with positive figures."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    r = subprocess.run([sys.executable, "gpu.py", "--model", str(tiny_model), "--device", "cpu", "--gen", "8",
+                        "--reps", "1", "--clients", "3", "--contexts", "40,100000"],
+                       cwd=root / "benchmarks", capture_output=True, text=True, encoding="utf-8", timeout=600,
+                       env={**os.environ, "PYTHONPATH": str(root / "src")})
+    assert r.returncode == 0, r.stderr[-2000:]
+    data = json.loads(r.stdout)
+    for key in ("engine_single_decode_tps", "raw_og_single_decode_tps", "engine_concurrent_tps",
+                "og_static_batch_tps", "og_engine_concurrent_tps"):
+        assert data[key] > 0, key
+    ok, skipped = data["by_context"]
+    assert ok["context"] == 40 and ok["device_kv_decode_tps"] > 0 and ok["host_kv_decode_tps"] > 0
+    assert "over the context length" in skipped["skipped"]
+    assert set(data["ratios"]) == {"single_vs_raw_og", "concurrent_vs_og_engine", "concurrent_vs_og_static_batch"}
+
+
+def test_kv_budget_follows_the_gpu_memory_when_the_cache_lives_there(tiny_model: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from ortserve.engine.engine import LoadedModel, kv_budget_bytes
+
+    model = LoadedModel(tiny_model, load_settings(max_batch=64), "tiny")
+    model.context_length = 1 << 20  # so the cap of every slot at full context does not bind
+    ram = kv_budget_bytes(model)
+    monkeypatch.setattr("ortserve.engine.runtime.gpu_facts", lambda: [
+        {"index": 0, "name": "fake", "memory_total_mb": 81920, "memory_free_mb": 3000}])
+    assert kv_budget_bytes(model) == ram  # a CPU-resident cache: the GPU's memory does not matter
+    model.choice.device = "cuda"
+    model.runner.kv.device = "cuda"
+    model_bytes = sum(f.stat().st_size for f in tiny_model.glob("*.onnx*"))
+    assert kv_budget_bytes(model) == ((3000 << 20) - model_bytes) // 2
+    assert kv_budget_bytes(model, load_settings(kv_cache_mb=100)) == 100 << 20  # the setting caps it

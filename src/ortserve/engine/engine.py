@@ -64,14 +64,19 @@ class LoadedModel:
 def kv_budget_bytes(model: LoadedModel, settings: Any = None) -> int:
     """The KV cache budget: ``kv_cache_mb`` when set, else half the memory still free after the
     model is loaded, minus the model's size again for activations (at least 256 MB), and never more
-    than every slot filled to the context."""
+    than every slot filled to the context. The memory is the GPU's when the cache lives there."""
     mb = int(getattr(settings, "kv_cache_mb", 0) or 0)
     if mb:
         return mb << 20
     import psutil
 
+    from ortserve.engine.runtime import gpu_facts
+
     model_bytes = sum(f.stat().st_size for f in model.dir.glob("*.onnx*") if f.is_file())
     free = psutil.virtual_memory().available
+    gpus = gpu_facts() if model.choice.device == "cuda" and model.runner.kv.device == "cuda" else []
+    if gpus:  # the session's device is the first GPU unless CUDA_VISIBLE_DEVICES says otherwise
+        free = gpus[0]["memory_free_mb"] << 20
     runner = model.runner
     full = runner.slots * model.context_length * runner.bytes_per_token
     return int(min(full, max(256 << 20, (free - model_bytes) // 2)))
