@@ -101,7 +101,7 @@ def main() -> None:
     raw = RawOg(path)
     prompts = [raw.chat_ids(q) for q in QUESTIONS[: args.clients]]
     msgs = [[{"role": "user", "content": q}] for q in QUESTIONS[: args.clients]]
-    settings = dict(device=args.device, max_batch=max(16, args.clients))
+    settings = {"device": args.device, "max_batch": max(16, args.clients)}
     engine = AsyncEngine.load(path, load_settings(**settings, kv_placement="auto"), mid)
     host = AsyncEngine.load(path, load_settings(**settings, kv_placement="host"), mid)
     result["kv_placement"] = {"engine": type(engine.core.runner.kv).__name__,
