@@ -55,6 +55,12 @@ class NotFound(OrtServeError):
     code = "not_found"
 
 
+class MethodNotAllowed(OrtServeError):
+    status = 405
+    type = "invalid_request_error"
+    code = "method_not_allowed"
+
+
 class PayloadTooLarge(OrtServeError):
     status = 413
     type = "invalid_request_error"

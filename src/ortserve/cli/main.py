@@ -40,11 +40,15 @@ def cli() -> None:
 @click.option("--default-max-tokens", type=int, default=None, help="max_tokens when a request gives none")
 @click.option("--router-config", default=None, help="Routing config file (JSON/TOML)")
 @click.option("--telemetry/--no-telemetry", default=None, help="Write OpenTelemetry files")
-@click.option("--telemetry-dir", default=None, help="Directory for telemetry files")
+@click.option("--telemetry-dir", default=None, help="Directory for telemetry files (implies --telemetry)")
 @click.option("--log-level", default=None, help="debug, info, warning, error")
 @guarded
 def serve(**kwargs: Any) -> None:
     """Serve a model over HTTP (the seed's API and an OpenAI-compatible API)."""
+    if kwargs.get("telemetry_dir") and kwargs.get("telemetry") is None:
+        kwargs["telemetry"] = True  # a telemetry directory only means something with telemetry on
+    elif kwargs.get("telemetry_dir") and kwargs.get("telemetry") is False:
+        click.echo("ortserve: --telemetry-dir has no effect with --no-telemetry; nothing is written", err=True)
     flags = pop_model_flags(kwargs)
     settings = settings_from(**flags, **kwargs)
     logging.basicConfig(level=settings.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")

@@ -51,8 +51,14 @@ class TextCodec:
             env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
             env.globals["raise_exception"] = _raise
             self._compiled = env.from_string(self.chat_template)
-        return str(self._compiled.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                         bos_token=self.bos_token or "", eos_token=self.eos_token or ""))
+        try:
+            return str(self._compiled.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                             bos_token=self.bos_token or "", eos_token=self.eos_token or ""))
+        except InvalidRequest:
+            raise
+        except Exception as exc:  # any error raised while rendering is the template's answer
+            raise InvalidRequest(f"chat template failed to render these messages: {type(exc).__name__}: {exc}",
+                                 param="messages", code="chat_template_error") from exc
 
 
 def check_messages(messages: Any) -> None:

@@ -10,30 +10,55 @@ import math
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ortserve.config import Settings
 from ortserve.engine import AsyncEngine
-from ortserve.errors import OrtServeError, PayloadTooLarge, Unauthorized, Unavailable
+from ortserve.errors import (
+    InvalidRequest,
+    MethodNotAllowed,
+    NotFound,
+    OrtServeError,
+    PayloadTooLarge,
+    Unauthorized,
+    Unavailable,
+)
 from ortserve.server import routes_admin, routes_openai, routes_seed
 from ortserve.server.manager import ModelManager
+from ortserve.server.sse import ClientDisconnected
 from ortserve.server.state import ServerState
-from ortserve.telemetry import Telemetry, TelemetryMiddleware
+from ortserve.telemetry import Telemetry, TelemetryMiddleware, span_of
 
 log = logging.getLogger("ortserve.server")
 KNOWN_ROUTES = {"/healthz", "/metrics", "/v1/chat", "/v1/chat/stream", "/v1/chat/completions",
                 "/v1/completions", "/v1/models", "/v1/admin/ps", "/v1/admin/load", "/v1/admin/unload"}
 
 
-def error_response(err: OrtServeError) -> JSONResponse:
-    headers = None
+def error_response(err: OrtServeError, headers: dict[str, str] | None = None) -> JSONResponse:
+    headers = dict(headers or {})
     if err.status == 429 or err.retry_after is not None:
-        headers = {"Retry-After": str(math.ceil(err.retry_after or 1))}
-    return JSONResponse(err.to_openai(), status_code=err.status, headers=headers)
+        headers["Retry-After"] = str(math.ceil(err.retry_after or 1))
+    return JSONResponse(err.to_openai(), status_code=err.status, headers=headers or None)
+
+
+def http_error(req: Request, exc: StarletteHTTPException) -> OrtServeError:
+    """Starlette's own errors (unknown path, wrong method, ...) as ortserve errors."""
+    if exc.status_code == 404:
+        return NotFound(f"no route {req.method} {req.url.path}", code="unknown_url")
+    if exc.status_code == 405:
+        allowed = (exc.headers or {}).get("allow", "")
+        return MethodNotAllowed(f"{req.method} is not allowed on {req.url.path}"
+                                + (f" (allowed: {allowed})" if allowed else ""))
+    if exc.status_code == 413:
+        return PayloadTooLarge(str(exc.detail))
+    err = InvalidRequest(str(exc.detail)) if exc.status_code < 500 else OrtServeError(str(exc.detail))
+    err.status = exc.status_code
+    return err
 
 
 def create_app(settings: Settings, *, engine: AsyncEngine | None = None, model_dir: Path | None = None,
@@ -72,6 +97,10 @@ def create_app(settings: Settings, *, engine: AsyncEngine | None = None, model_d
     @app.exception_handler(OrtServeError)
     async def _ortserve_error(_req: Request, err: OrtServeError) -> JSONResponse:
         return error_response(err)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(req: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return error_response(http_error(req, exc), headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_req: Request, err: RequestValidationError) -> JSONResponse:
@@ -169,7 +198,7 @@ class GuardMiddleware:
             if msg["type"] == "http.request":
                 received += len(msg.get("body", b""))
                 if received > limit:
-                    raise _TooLarge()
+                    raise _TooLarge(413, f"request body exceeds the limit of {limit} bytes")
             return msg
 
         async def counting_send(msg: Message) -> None:
@@ -180,16 +209,24 @@ class GuardMiddleware:
 
         try:
             await self.app(scope, limited_receive, counting_send)
-        except _TooLarge:
+        except _TooLarge as exc:
             status = 413
-            await _send(send, PayloadTooLarge(f"request body exceeds the limit of {limit} bytes"))
+            await _send(send, PayloadTooLarge(exc.detail))
+        except ClientDisconnected:
+            # The client left a non-streaming request: the engine work was aborted; nobody is
+            # there to answer. Counted (and traced) as a cancel, 499, not as a server error.
+            status = 499
+            span = span_of(scope)
+            if not span.finished:
+                span.finish(status=499, finish_reason="abort")
         finally:
             route = path if path in KNOWN_ROUTES else "other"
             self.state.metrics.requests.labels(route, str(status)).inc()
 
 
-class _TooLarge(Exception):
-    pass
+class _TooLarge(HTTPException):
+    """Raised from receive(): FastAPI re-raises HTTPExceptions from body reading (anything else
+    becomes a 400), so a chunked body over the limit reaches the 413 handler."""
 
 
 async def _send(send: Send, err: OrtServeError) -> None:

@@ -18,6 +18,10 @@ def sse(data: Any) -> str:
     return f"data: {payload}\n\n"
 
 
+class ClientDisconnected(asyncio.CancelledError):
+    """The client hung up before its (non-streaming) answer was ready: a cancel, not a failure."""
+
+
 async def unless_disconnected(request: Request, work: Awaitable[T], poll: float = 0.25) -> T:
     """Await ``work``; cancel it (which aborts its engine requests) if the client goes away."""
     task = asyncio.ensure_future(work)
@@ -28,7 +32,7 @@ async def unless_disconnected(request: Request, work: Awaitable[T], poll: float 
                 return task.result()
             if await request.is_disconnected():
                 task.cancel()
-                raise asyncio.CancelledError("client disconnected")
+                raise ClientDisconnected("client disconnected")
     finally:
         if not task.done():
             task.cancel()

@@ -1,0 +1,167 @@
+"""Every error a client can meet has the OpenAI shape and the right status: walks every route."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from servers import ServerThread
+from starlette.routing import Route
+
+MSG = [{"role": "user", "content": "hello"}]
+LIMIT = 4096
+
+
+@pytest.fixture(scope="module")
+def srv(tiny_model: Path) -> Iterator[ServerThread]:
+    with ServerThread(tiny_model, max_tokens_cap=512, max_body_bytes=LIMIT, max_length=1024) as s:
+        yield s
+
+
+def routes(srv: ServerThread) -> list[tuple[str, set[str]]]:
+    """(path with its parameters filled in, methods) for every API route the app has."""
+    found = {path: {m.upper() for m in ops} for path, ops in srv.app.openapi()["paths"].items()}
+    for r in srv.app.routes:  # the routes outside the schema (/openapi.json, /docs, ...)
+        if isinstance(r, Route) and r.methods:
+            found.setdefault(r.path, set()).update(r.methods)
+    return [(re.sub(r"\{[^}]+\}", "x", path), methods) for path, methods in sorted(found.items())]
+
+
+def assert_openai_error(r: httpx.Response, status: int, code: str | None = None) -> dict:
+    assert r.status_code == status, (r.request.method, r.request.url, r.status_code, r.text)
+    assert r.headers["content-type"].startswith("application/json")
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    assert err["type"] == ("server_error" if status >= 500 else "invalid_request_error") or status in (401, 429)
+    if code is not None:
+        assert err["code"] == code, err
+    return err
+
+
+def test_the_walk_covers_the_api(srv: ServerThread) -> None:
+    paths = {p for p, _ in routes(srv)}
+    assert {"/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/chat", "/healthz"} <= paths
+
+
+def test_wrong_method_on_every_route_is_a_405(srv: ServerThread) -> None:
+    with httpx.Client(base_url=srv.url, timeout=30) as c:
+        for path, methods in routes(srv):
+            for wrong in sorted({"GET", "POST", "PUT", "DELETE", "PATCH"} - methods - {"HEAD"}):
+                r = c.request(wrong, path)
+                err = assert_openai_error(r, 405, "method_not_allowed")
+                assert wrong in err["message"] and path in err["message"]
+                assert set(r.headers["allow"].replace(" ", "").split(",")) >= methods - {"HEAD"}
+
+
+def test_unknown_paths_are_a_404(srv: ServerThread) -> None:
+    with httpx.Client(base_url=srv.url, timeout=30) as c:
+        for method, path in [("GET", "/nope"), ("POST", "/v1/nope"), ("GET", "/v1/chat/completions/x"),
+                             ("DELETE", "/v2/models"), ("GET", "/%ff")]:
+            err = assert_openai_error(c.request(method, path), 404, "unknown_url")
+            assert method in err["message"]
+
+
+def test_oversized_bodies_are_a_413_chunked_or_not(srv: ServerThread) -> None:
+    big = json.dumps({"messages": [{"role": "user", "content": "x" * (LIMIT * 3)}]}).encode()
+
+    def chunked() -> Iterator[bytes]:  # no Content-Length: the server only learns the size by reading
+        for i in range(0, len(big), 1000):
+            yield big[i:i + 1000]
+
+    with httpx.Client(base_url=srv.url, timeout=30) as c:
+        for path, methods in routes(srv):
+            if "POST" not in methods:
+                continue
+            assert_openai_error(c.post(path, content=big, headers={"content-type": "application/json"}),
+                                413, "payload_too_large")
+            r = c.post(path, content=chunked(), headers={"content-type": "application/json"})
+            assert "content-length" not in r.request.headers
+            assert_openai_error(r, 413, "payload_too_large")
+        assert c.get("/healthz").status_code == 200
+
+
+@pytest.mark.parametrize("seed", ["abc", 1.5, [1], 2**64, -(2**64) - 1])
+def test_bad_seed_on_every_generating_route_is_a_400_naming_it(srv: ServerThread, seed: object) -> None:
+    bodies = {"/v1/chat/completions": {"messages": MSG, "max_tokens": 2},
+              "/v1/completions": {"prompt": "hi", "max_tokens": 2}}
+    with httpx.Client(base_url=srv.url, timeout=30) as c:
+        for path, body in bodies.items():
+            err = assert_openai_error(c.post(path, json={**body, "seed": seed}), 400)
+            assert err["param"] == "seed", err
+
+
+def test_a_chat_template_that_raises_is_a_400_with_its_message(tiny_model: Path, tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model, model)
+    (model / "chat_template.jinja").write_text(
+        "{% for m in messages %}{% if m['role'] == 'system' %}"
+        "{{ raise_exception('System role not supported by this template') }}{% endif %}"
+        "{% if m['content'] == 'boom' %}{{ m['content'].no_such_method() }}{% endif %}"
+        "{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}", encoding="utf-8")
+    with ServerThread(model, max_tokens_cap=64) as s, httpx.Client(base_url=s.url, timeout=60) as c:
+        sys_msg = [{"role": "system", "content": "be brief"}, *MSG]
+        err = assert_openai_error(c.post("/v1/chat/completions", json={"messages": sys_msg, "max_tokens": 2}), 400)
+        assert "System role not supported by this template" in err["message"] and err["param"] == "messages"
+        r = c.post("/v1/chat", json={"messages": [{"role": "user", "content": "boom"}], "max_tokens": 2})
+        err = assert_openai_error(r, 400, "chat_template_error")
+        assert "no_such_method" in err["message"]
+        ok = c.post("/v1/chat/completions", json={"messages": MSG, "max_tokens": 2})
+        assert ok.status_code == 200, ok.text
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def _metric(text: str, status: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("ortserve_requests_total{") and f'status="{status}"' in line
+               and "/v1/chat/completions" in line)
+
+
+def test_a_client_that_leaves_a_non_streaming_request_is_a_cancel(srv: ServerThread) -> None:
+    handler = _Records()
+    loggers = [logging.getLogger(n) for n in ("uvicorn.error", "uvicorn", "ortserve")]
+    for lg in loggers:
+        lg.addHandler(handler)
+    try:
+        before = httpx.get(f"{srv.url}/metrics").text
+        body = {"messages": MSG, "max_tokens": 400, "min_tokens": 400, "temperature": 0}
+
+        async def leave() -> None:
+            async with httpx.AsyncClient(base_url=srv.url) as c:
+                task = asyncio.ensure_future(c.post("/v1/chat/completions", json=body, timeout=60))
+                while srv.state.engine.stats().running == 0:  # event: generation has started
+                    await asyncio.sleep(0.01)
+                task.cancel()  # hang up mid-generation
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+
+        asyncio.run(leave())
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            after = httpx.get(f"{srv.url}/metrics").text
+            if _metric(after, "499") > _metric(before, "499"):
+                break
+            time.sleep(0.05)
+        assert _metric(after, "499") == _metric(before, "499") + 1
+        assert _metric(after, "500") == _metric(before, "500")
+        assert srv.wait_idle(timeout=20).running == 0
+    finally:
+        for lg in loggers:
+            lg.removeHandler(handler)
+    assert not [r for r in handler.records if r.exc_info or r.levelno >= logging.ERROR], \
+        [r.getMessage() for r in handler.records]
