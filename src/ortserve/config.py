@@ -63,6 +63,12 @@ class Settings(BaseSettings):
         "auto", validation_alias=_env("ORTSERVE_KV_PLACEMENT"),
         description="Where the KV cache lives: auto (host for CPU, the GPU's memory for CUDA/DirectML), "
                     "host, or device (OrtValues on the provider's device, also on CPU)")
+    timeout: float = Field(600.0, ge=0, validation_alias=_env("ORTSERVE_TIMEOUT"),
+                           description="Per-request deadline in seconds, queue time included (0 = none); "
+                                       "a request's own `timeout` field overrides it")
+    stall_timeout: float = Field(120.0, gt=0, validation_alias=_env("ORTSERVE_STALL_TIMEOUT"),
+                                 description="An engine step running longer than this marks the engine "
+                                             "unhealthy (/healthz 503) and restarts it in process")
     kv_cache_mb: int = Field(0, ge=0, validation_alias=_env("ORTSERVE_KV_CACHE_MB"),
                              description="KV cache budget in MB (0 = half the free memory left after "
                                          "the model, at least 256 MB)")

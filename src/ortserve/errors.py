@@ -78,6 +78,18 @@ class Unavailable(OrtServeError):
     type = "server_error"
     code = "unavailable"
 
+    def __init__(self, message: str, *, retry_after: float | None = None, **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.retry_after = retry_after  # seconds, sent as Retry-After
+
+
+class RequestTimeout(OrtServeError):
+    """A request passed its deadline (the `timeout` setting or the request's own `timeout`)."""
+
+    status = 504
+    type = "server_error"
+    code = "timeout"
+
 
 class ModelError(OrtServeError):
     """A model directory or file that cannot be used; the message names the missing piece."""

@@ -26,6 +26,8 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     ignore_eos: bool = False
+    fit_context: bool = False  # max_tokens is a default: shorten it to the room left in the context
+    timeout: float | None = None  # deadline in seconds from submission (queue time counts); None: the server's
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -57,6 +59,8 @@ class SamplingParams:
             raise bad("stop", "must be up to 4 non-empty strings")
         if not _finite(self.repetition_penalty) or not (0 < self.repetition_penalty <= 10):
             raise bad("repetition_penalty", f"must be in (0, 10], got {self.repetition_penalty!r}")
+        if self.timeout is not None and (not _finite(self.timeout) or self.timeout <= 0):
+            raise bad("timeout", f"must be a number of seconds > 0, got {self.timeout!r}")
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
             if not _finite(value) or not (-2 <= value <= 2):
@@ -114,6 +118,7 @@ class TokenEvent:
     finish_reason: str | None = None
     metrics: Metrics | None = None
     error: str | None = None
+    error_code: str | None = None  # with finish_reason "error": "timeout", "engine_restart" or None
 
 
 @dataclass

@@ -111,6 +111,8 @@ class EngineCore:
             self._cond.notify()
 
     def plant_fault(self, request_id: str, exc: BaseException, where: str = "step") -> None:
+        """Tests: ``where`` is "step" (its model calls raise ``exc``), "postprocess" (its sampling
+        raises ``exc``) or "stall" (its next model call sleeps ``str(exc)`` seconds, once)."""
         self.faults[request_id] = (where, exc)
 
     def kill(self, exc: BaseException | None = None) -> None:
@@ -162,10 +164,10 @@ class EngineCore:
                     self.fail_all(f"generation failed: {type(exc).__name__}: {exc}")
                 finally:
                     self.step_started = None
-        except BaseException as exc:
+        except BaseException as exc:  # the thread ends; the watchdog sees why
             self.died = f"{type(exc).__name__}: {exc}"
-            log.critical("engine thread died: %s", self.died)
-            raise
+            if not isinstance(exc, EngineCrash):
+                log.critical("engine thread died: %s", self.died, exc_info=exc)
 
     def step(self) -> None:
         plan = self._schedule()
@@ -298,7 +300,12 @@ class EngineCore:
 
     def _check_fault(self, seq: Sequence, where: str) -> None:
         planted = self.faults.get(seq.id)
-        if planted is not None and planted[0] == where:
+        if planted is None:
+            return
+        if where == "step" and planted[0] == "stall":  # tests: a kernel that hangs for a while
+            self.faults.pop(seq.id, None)
+            time.sleep(float(str(planted[1])))
+        elif planted[0] == where:
             raise planted[1]
 
     # ---- postprocess (per sequence) ---------------------------------------
@@ -345,14 +352,14 @@ class EngineCore:
     def _emit(self, seq: Sequence, text: str, ids: list[int] | None = None) -> None:
         seq.sink(TokenEvent(request_id=seq.id, text=text, token_ids=ids or []))
 
-    def _finish(self, seq: Sequence, reason: str, error: str | None = None) -> None:
+    def _finish(self, seq: Sequence, reason: str, error: str | None = None, code: str | None = None) -> None:
         if seq.finished:
             return
         text = seq.tail() if reason in ("stop", "length") else ""
         seq.finished = True
         self.faults.pop(seq.id, None)
         seq.sink(TokenEvent(request_id=seq.id, text=text, finished=True, finish_reason=reason,
-                            metrics=seq.metrics(), error=error))
+                            metrics=seq.metrics(), error=error, error_code=code))
 
     def _fail(self, seq: Sequence, exc: BaseException) -> None:
         self.failed_rows += 1
@@ -395,7 +402,7 @@ class EngineCore:
             self._finish(s, "abort")
         self._retire_finished()
 
-    def fail_all(self, message: str) -> None:
+    def fail_all(self, message: str, code: str | None = None) -> None:
         """End every request, running and queued, with ``message`` (a broken loop, a restart)."""
         with self._cond:
             queued = list(self.waiting)
@@ -403,7 +410,7 @@ class EngineCore:
         active = self.running + ([self.prefilling] if self.prefilling else [])
         for s in active + queued:
             try:
-                self._finish(s, "error", error=message)
+                self._finish(s, "error", error=message, code=code)
             except Exception:  # a sink that cannot take the event: nothing more to tell it
                 log.exception("could not deliver the error to %s", s.id)
         self.running.clear()

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +17,15 @@ from ortserve.engine.runner import ModelSpec, Runner
 from ortserve.engine.runtime import DeviceChoice, candidates, session_options
 from ortserve.engine.sequence import Sequence
 from ortserve.engine.tokenizer import TextCodec
-from ortserve.errors import ContextLengthExceeded, InvalidRequest, ModelError, Overloaded, require_genai
+from ortserve.engine.watchdog import Watchdog
+from ortserve.errors import (
+    ContextLengthExceeded,
+    InvalidRequest,
+    ModelError,
+    Overloaded,
+    Unavailable,
+    require_genai,
+)
 from ortserve.types import EngineStats, GenerationOutput, SamplingParams, TokenEvent
 
 log = logging.getLogger("ortserve.engine")
@@ -87,9 +97,24 @@ class AsyncEngine:
         self.model = model
         self.codec = model.codec
         self.settings = settings
-        self.core = EngineCore(model.runner, chunk_tokens=int(getattr(settings, "prefill_chunk", 512)),
-                               kv_budget_bytes=kv_budget_bytes(model, settings))
+        self.kv_budget = kv_budget_bytes(model, settings)
+        self.core = self._new_core(model.runner)
         self.max_queue = int(getattr(settings, "max_queue", 1 << 30))
+        self.timeout = float(getattr(settings, "timeout", 0) or 0)  # seconds; 0: no deadline
+        self.problem: str | None = None  # why the engine cannot serve (set while it restarts)
+        self.watchdog = Watchdog(self, stall_timeout=float(getattr(settings, "stall_timeout", 120.0)))
+
+    def _new_core(self, runner: Runner) -> EngineCore:
+        return EngineCore(runner, chunk_tokens=int(getattr(self.settings, "prefill_chunk", 512)),
+                          kv_budget_bytes=self.kv_budget)
+
+    def reload(self) -> None:
+        """A fresh model session and engine loop (the watchdog's restart; blocking)."""
+        runner, choice = self.model._load(self.settings, self.model.runner.slots)
+        self.model.runner, self.model.choice = runner, choice
+        core = self._new_core(runner)
+        core.start()
+        self.core = core
 
     @classmethod
     def load(cls, model_dir: Path, settings: Any = None, model_id: str | None = None) -> AsyncEngine:
@@ -117,9 +142,15 @@ class AsyncEngine:
     # ---- lifecycle --------------------------------------------------------
     async def start(self) -> None:
         self.core.start()
+        self.watchdog.start()
 
     async def stop(self) -> None:
+        await self.watchdog.stop()
         await asyncio.to_thread(self.core.stop)
+
+    def health(self) -> str | None:
+        """None when the engine serves; else why not (a dead thread, a stalled step, a restart)."""
+        return self.problem or self.watchdog.diagnose()
 
     # ---- requests ---------------------------------------------------------
     def prepare(self, *, prompt: str | None = None, messages: list[dict[str, Any]] | None = None,
@@ -135,6 +166,10 @@ class AsyncEngine:
         if not ids:
             raise InvalidRequest("the prompt is empty", param="prompt" if messages is None else "messages")
         limit = self.context_length
+        if params.fit_context and len(ids) < limit < len(ids) + params.max_tokens:
+            # a default max_tokens: shorten it to the room left (finish_reason "length" says so)
+            params = replace(params, max_tokens=limit - len(ids), min_tokens=min(params.min_tokens,
+                                                                                  limit - len(ids)))
         if len(ids) + params.max_tokens > limit:
             param = "max_tokens" if len(ids) < limit else ("messages" if messages is not None else "prompt")
             raise ContextLengthExceeded(
@@ -154,10 +189,15 @@ class AsyncEngine:
 
     def submit(self, *, prompt: str | None = None, messages: list[dict[str, Any]] | None = None,
                params: SamplingParams | None = None, request_id: str | None = None) -> RequestHandle:
+        problem = self.health()
+        if problem is not None:
+            raise Unavailable(f"the engine cannot take requests now: {problem}",
+                              retry_after=int(self.watchdog.backoff()) + 1, code="engine_unavailable")
         ids, params = self.prepare(prompt=prompt, messages=messages, params=params)
         if len(self.core.waiting) >= self.max_queue:
             raise Overloaded(f"the queue is full ({self.max_queue} requests waiting); retry shortly")
-        handle = RequestHandle(self, request_id or f"req-{uuid.uuid4().hex[:24]}", len(ids))
+        timeout = params.timeout if params.timeout is not None else self.timeout
+        handle = RequestHandle(self, request_id or f"req-{uuid.uuid4().hex[:24]}", len(ids), timeout or None)
         loop = asyncio.get_running_loop()
         queue = handle.queue
         seq = Sequence(id=handle.id, prompt_ids=ids, params=params, model=self.model_id,
@@ -184,12 +224,26 @@ class AsyncEngine:
 class RequestHandle:
     """Async iterator of a request's TokenEvents; leaving early aborts the request."""
 
-    def __init__(self, engine: AsyncEngine, request_id: str, input_tokens: int) -> None:
+    def __init__(self, engine: AsyncEngine, request_id: str, input_tokens: int,
+                 timeout: float | None = None) -> None:
         self.engine = engine
         self.id = request_id
         self.input_tokens = input_tokens
         self.queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
         self.done = False
+        self.timeout = timeout
+        self.deadline = time.monotonic() + timeout if timeout else None  # from submission: queue time counts
+
+    async def _next(self) -> TokenEvent:
+        """The next event, or a timeout error once the deadline passes (also when the engine is stuck)."""
+        if self.deadline is None:
+            return await self.queue.get()
+        try:
+            return await asyncio.wait_for(self.queue.get(), max(0.0, self.deadline - time.monotonic()))
+        except TimeoutError:
+            return TokenEvent(request_id=self.id, text="", finished=True, finish_reason="error",
+                              error=f"the request did not finish within its timeout of {self.timeout:g}s "
+                                    "(queue time included)", error_code="timeout")
 
     def __aiter__(self) -> AsyncIterator[TokenEvent]:
         return self._events()
@@ -197,9 +251,9 @@ class RequestHandle:
     async def _events(self) -> AsyncIterator[TokenEvent]:
         try:
             while True:
-                ev = coalesce(await self.queue.get(), self.queue)
-                if ev.finished:
-                    self.done = True
+                ev = coalesce(await self._next(), self.queue)
+                if ev.finished and ev.error_code != "timeout":
+                    self.done = True  # a timeout leaves done False: the finally aborts it in the engine
                 yield ev
                 if ev.finished:
                     return
@@ -219,5 +273,5 @@ def coalesce(ev: TokenEvent, queue: asyncio.Queue[TokenEvent]) -> TokenEvent:
         nxt = queue.get_nowait()
         ev = TokenEvent(request_id=ev.request_id, text=ev.text + nxt.text, token_ids=ev.token_ids + nxt.token_ids,
                         finished=nxt.finished, finish_reason=nxt.finish_reason, metrics=nxt.metrics,
-                        error=nxt.error)
+                        error=nxt.error, error_code=nxt.error_code)
     return ev

@@ -134,6 +134,8 @@ class _Sampling(_Contract):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     keep_alive: float | str | None = None  # seconds or "5m"; 0 = unload after, -1 = keep (server/manager.py)
+    timeout: float | None = Field(None, description="ortserve extension: this request's deadline in "
+                                  "seconds, queue time included (default: the server's `timeout`)")
 
     default_temperature: ClassVar[float] = 1.0
     REFUSED: ClassVar[dict[str, str]] = OPENAI_REFUSED
@@ -148,6 +150,7 @@ class _Sampling(_Contract):
     def to_sampling_params(self, default_max_tokens: int, max_tokens_cap: int,
                            max_tokens: int | None = None) -> SamplingParams:
         mt = max_tokens if max_tokens is not None else self.max_tokens
+        defaulted = mt is None
         if mt is None:
             mt = default_max_tokens
         if mt > max_tokens_cap:
@@ -159,7 +162,8 @@ class _Sampling(_Contract):
             top_p=1.0 if self.top_p is None else self.top_p, top_k=self.top_k or 0, max_tokens=mt,
             min_tokens=self.min_tokens or 0, seed=self.seed, stop=stop,
             repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
-            presence_penalty=self.presence_penalty or 0.0, frequency_penalty=self.frequency_penalty or 0.0)
+            presence_penalty=self.presence_penalty or 0.0, frequency_penalty=self.frequency_penalty or 0.0,
+            timeout=self.timeout, fit_context=defaulted)
 
 
 class SeedChatRequest(_Sampling):

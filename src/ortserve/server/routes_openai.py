@@ -15,7 +15,7 @@ from ortserve.engine import RequestHandle
 from ortserve.server.protocol import ChatCompletionRequest, CompletionRequest
 from ortserve.server.routes_routed import routed_chat, wants_router
 from ortserve.server.routes_seed import state_of
-from ortserve.server.service import GenerationFailed, collect, submit_n, usage
+from ortserve.server.service import collect, engine_error, submit_n, usage
 from ortserve.server.sse import SSE_HEADERS, merge, sse, unless_disconnected
 from ortserve.telemetry import span_of
 from ortserve.types import SamplingParams
@@ -91,7 +91,7 @@ async def _chat_chunks(st: Any, handles: list[RequestHandle], rid: str, created:
     finals = []
     async for i, ev in merge(*handles):
         if ev.finish_reason == "error":
-            yield sse(GenerationFailed(ev.error or "generation failed").to_openai())
+            yield sse(engine_error(ev).to_openai())
             return
         if ev.text:
             yield sse({**base, "choices": [{"index": i, "delta": {"content": ev.text}, "logprobs": None,
@@ -151,7 +151,7 @@ async def _completion_chunks(st: Any, handles: list[RequestHandle], rid: str, cr
     finals = []
     async for i, ev in merge(*handles):
         if ev.finish_reason == "error":
-            yield sse(GenerationFailed(ev.error or "generation failed").to_openai())
+            yield sse(engine_error(ev).to_openai())
             return
         if ev.text or ev.finished:
             yield sse({**base, "choices": [{"index": i, "text": ev.text, "logprobs": None,

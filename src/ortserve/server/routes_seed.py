@@ -27,9 +27,10 @@ def state_of(request: Request) -> ServerState:
 async def healthz(request: Request) -> JSONResponse:
     st = state_of(request)
     engine = st.engine
+    problem = engine.health() if engine is not None else None
     body: dict[str, Any] = {
-        "status": "ok" if engine and not st.draining else
-        ("draining" if st.draining else ("error" if st.load_error else "loading")),
+        "status": "ok" if engine and not st.draining and not problem else
+        ("draining" if st.draining else ("unavailable" if problem else ("error" if st.load_error else "loading"))),
         "backend": "onnx-genai",
         "device": engine.device if engine else st.settings.device,
         "model_dir": str(engine.model.dir) if engine else st.model_dir,
@@ -39,7 +40,9 @@ async def healthz(request: Request) -> JSONResponse:
         choice = engine.model.choice
         body.update(model=engine.model_id, execution_provider=choice.provider, device_reason=choice.reason,
                     context_length=engine.context_length, running=engine.stats().running,
-                    waiting=engine.stats().waiting)
+                    waiting=engine.stats().waiting, restarts=engine.watchdog.restarts)
+        if problem:
+            body["reason"] = problem
     if st.load_error:
         body["error"] = st.load_error
     return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
@@ -77,7 +80,7 @@ async def chat_stream(body: SeedChatRequest, request: Request) -> StreamingRespo
     async def events() -> AsyncIterator[str]:
         async for ev in handle:
             if ev.finish_reason == "error":
-                yield sse({"error": ev.error, "done": True})
+                yield sse({"error": ev.error, "code": ev.error_code, "done": True})
                 return
             if ev.text:
                 yield sse({"token": ev.text})

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ortserve.engine import AsyncEngine, RequestHandle
-from ortserve.errors import OrtServeError
-from ortserve.types import Metrics, SamplingParams
+from ortserve.errors import OrtServeError, RequestTimeout, Unavailable
+from ortserve.types import Metrics, SamplingParams, TokenEvent
 
 
 class GenerationFailed(OrtServeError):
@@ -36,11 +36,22 @@ def submit_n(engine: AsyncEngine, n: int, params: SamplingParams, **kw: object) 
     return handles
 
 
+def engine_error(ev: TokenEvent) -> OrtServeError:
+    """The error a failed request's final event stands for: 504 past its deadline, 503 when the
+    engine restarted under it, else 500."""
+    message = ev.error or "generation failed"
+    if ev.error_code == "timeout":
+        return RequestTimeout(message)
+    if ev.error_code == "engine_restart":
+        return Unavailable(message, retry_after=2, code="engine_restart")
+    return GenerationFailed(message)
+
+
 async def collect(handle: RequestHandle) -> Answer:
     parts: list[str] = []
     async for ev in handle:
         if ev.finish_reason == "error":
-            raise GenerationFailed(ev.error or "generation failed")
+            raise engine_error(ev)
         parts.append(ev.text)
         if ev.finished:
             return Answer("".join(parts), ev.finish_reason or "stop", ev.metrics)  # type: ignore[arg-type]
