@@ -1,0 +1,1 @@
+"""Running ortserve past one process: deploy/ray.py puts create_app on Ray Serve."""
