@@ -48,6 +48,16 @@ def default_model() -> Path:
     return ensure_default(ModelStore(load_settings().store_dir)).path
 
 
+@pytest.fixture(scope="session")
+def embedding_model() -> Path:
+    """The default embedding model (all-MiniLM-L6-v2), exported and imported into ORTSERVE_HOME once."""
+    from ortserve.config import load_settings
+    from ortserve.models.embed_import import ensure_default_embedding
+    from ortserve.models.store import ModelStore
+
+    return ensure_default_embedding(ModelStore(load_settings().store_dir), subprocess_import=False).path
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

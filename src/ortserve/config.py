@@ -98,6 +98,15 @@ class Settings(BaseSettings):
                                               "(0 = 80% of available RAM, or of GPU memory on cuda)")
     load_wait: float = Field(60.0, gt=0, validation_alias=_env("ORTSERVE_LOAD_WAIT"),
                              description="Seconds a request waits for its model to load before 503 + Retry-After")
+    # embeddings and retrieval (docs/rag.md)
+    embedding_model: str = Field("all-minilm-l6-v2", validation_alias=_env("ORTSERVE_EMBEDDING_MODEL"),
+                                 description="Embedding model for /v1/embeddings and vector stores")
+    rag_dir: Path | None = Field(None, validation_alias=_env("ORTSERVE_RAG_DIR"),
+                                 description="Files and vector stores (default: HOME/rag)")
+    max_upload_bytes: int = Field(20 * 1024 * 1024, ge=1024, validation_alias=_env("ORTSERVE_MAX_UPLOAD_BYTES"),
+                                  description="Largest file accepted by POST /v1/files (413 above)")
+    rag_allow_cloud: bool = Field(False, validation_alias=_env("ORTSERVE_RAG_ALLOW_CLOUD"),
+                                  description="Let requests that search a vector store be routed to cloud providers")
     # router and telemetry
     router_config: Path | None = Field(None, validation_alias=_env("ORTSERVE_ROUTER_CONFIG"),
                                        description="Routing config file (JSON or TOML); none = local only")
@@ -110,7 +119,7 @@ class Settings(BaseSettings):
     log_level: str = Field("info", validation_alias=_env("ORTSERVE_LOG_LEVEL"),
                            description="Log level: debug, info, warning, error")
 
-    @field_validator("home", "router_config", "telemetry_dir", mode="after")
+    @field_validator("home", "router_config", "telemetry_dir", "rag_dir", mode="after")
     @classmethod
     def _expand(cls, v: Path | None) -> Path | None:
         return v.expanduser() if v is not None else None
@@ -147,6 +156,10 @@ class Settings(BaseSettings):
     @property
     def telemetry_path(self) -> Path:
         return self.telemetry_dir or self.home / "telemetry"
+
+    @property
+    def rag_path(self) -> Path:
+        return self.rag_dir or self.home / "rag"
 
     @property
     def ledger_path(self) -> Path:

@@ -94,6 +94,9 @@ def _fmt_mb(n: int) -> str:
 
 def _quality(v: Any) -> str:
     q = v.quality
+    if getattr(v, "kind", "chat") == "embedding":
+        c = q.get("cosine_min")
+        return f"cosine {q['cosine_mean']:.4f} (min {c:.4f})" if c is not None else "-"
     if q.get("perplexity") is None:
         return "-"
     d = q.get("delta_pct")
@@ -101,7 +104,7 @@ def _quality(v: Any) -> str:
 
 
 def _speed(v: Any) -> str:
-    t = v.speed.get("decode_tps")
+    t = v.speed.get("decode_tps") or v.speed.get("sentences_per_s")
     return f"{t:g}" if t else "-"
 
 
@@ -187,9 +190,9 @@ def list_cmd(available: bool, as_json: bool) -> None:
         return _emit([v.to_json() for v in variants])
     if not variants:
         return click.echo("no models installed; try `ortserve models pull smollm2-135m`")
-    _table([[v.id, v.precision, v.device, _fmt_mb(v.size_bytes), _quality(v), _speed(v),
+    _table([[v.id, v.kind, v.precision, v.device, _fmt_mb(v.size_bytes), _quality(v), _speed(v),
              ",".join(v.aliases)] for v in variants],
-           ["ID", "PRECISION", "DEVICE", "SIZE", "PERPLEXITY (vs fp32)", "TOK/S", "ALIASES"])
+           ["ID", "KIND", "PRECISION", "DEVICE", "SIZE", "QUALITY (vs fp32)", "TOK/S | SENT/S", "ALIASES"])
 
 
 @models_group.command("show")
@@ -206,6 +209,8 @@ def show_cmd(ref: str, device: str | None, as_json: bool) -> None:
     variants = [store.get(ref)] if ":" in ref else variants_of(store, ref)
     if not variants:
         store.get(ref)  # raises the not-installed error with its hint
+    if variants[0].kind == "embedding":
+        return _show_embedding(variants, as_json)
     devices = [device] if device else sorted({"cpu", *(v.device for v in variants)})
     model = variants[0].model
     choices = {d: resolve(store, model, d) for d in devices}
@@ -228,6 +233,27 @@ def show_cmd(ref: str, device: str | None, as_json: bool) -> None:
             click.echo(f"  aliases       {', '.join(v.aliases)}")
     for d, r in choices.items():
         click.echo(f"on {d}: {r.model_id} - {r.reason}")
+
+
+def _show_embedding(variants: list[Any], as_json: bool) -> None:
+    from ortserve.models.embed_import import choose_embedding
+
+    chosen = choose_embedding(variants)
+    if as_json:
+        return _emit({"variants": [v.to_json() for v in variants], "selection": {"cpu": {"id": chosen.id}}})
+    for v in variants:
+        cfg = v.notes.get("embedding", {})
+        click.echo(f"{v.id}")
+        click.echo(f"  kind          embedding  {cfg.get('dimensions')} dims, {cfg.get('pooling')} pooling"
+                   + (", normalised" if cfg.get("normalize") else ""))
+        click.echo(f"  path          {v.model_dir}")
+        click.echo(f"  source        {v.source}")
+        click.echo(f"  architecture  {v.architecture}  max tokens {v.context_length}")
+        click.echo(f"  precision     {v.precision} for {v.device}")
+        click.echo(f"  size          {_fmt_mb(v.size_bytes)} in {len(v.files)} files")
+        click.echo(f"  quality       {_quality(v)} vs PyTorch on {v.quality.get('sentences', 0)} sentences")
+        click.echo(f"  speed         {_speed(v)} sentences/s (CPU)")
+    click.echo(f"on cpu: {chosen.id} - fastest variant with worst cosine >= 0.99 vs PyTorch")
 
 
 @models_group.command("import")

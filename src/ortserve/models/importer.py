@@ -308,6 +308,14 @@ def import_path(store: ModelStore, path: Path, *, model_id: str | None = None,
                            options=options, progress=progress)
     if not path.is_dir():
         raise ModelError(f"{path} does not exist", hint="check the path")
+    from ortserve.models import embed_import
+
+    has_weights = any(path.glob("*.safetensors")) or any(path.glob("pytorch_model*.bin"))
+    if embed_import.is_sentence_transformers_dir(path) and has_weights:
+        return embed_import.choose_embedding(embed_import.import_sentence_transformers(
+            store, path, mid or model_id_from_path(path), progress=progress))
+    if embed_import.is_onnx_embedding_dir(path):
+        return embed_import.import_onnx_embedding(store, path, mid or model_id_from_path(path), progress=progress)
     if (path / "genai_config.json").is_file():
         return import_onnx_dir(store, path, mid or model_id_from_path(path), link=link, progress=progress)
     if (path / "config.json").is_file():

@@ -61,6 +61,7 @@ class Variant:
     speed: dict[str, Any] = field(default_factory=dict)    # e.g. {"decode_tps": 79.0}
     notes: dict[str, Any] = field(default_factory=dict)
     link: str = ""                  # imported with --link: the files live here, not in ``path``
+    kind: str = "chat"              # chat (ONNX GenAI) | embedding (engine/embed.py)
 
     @property
     def id(self) -> str:

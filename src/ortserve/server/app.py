@@ -28,7 +28,7 @@ from ortserve.errors import (
     Unauthorized,
     Unavailable,
 )
-from ortserve.server import routes_admin, routes_openai, routes_seed
+from ortserve.server import routes_admin, routes_embeddings, routes_openai, routes_seed
 from ortserve.server.manager import ModelManager
 from ortserve.server.sse import ClientDisconnected
 from ortserve.server.state import ServerState
@@ -36,7 +36,8 @@ from ortserve.telemetry import Telemetry, TelemetryMiddleware, span_of
 
 log = logging.getLogger("ortserve.server")
 KNOWN_ROUTES = {"/healthz", "/metrics", "/v1/chat", "/v1/chat/stream", "/v1/chat/completions",
-                "/v1/completions", "/v1/models", "/v1/admin/ps", "/v1/admin/load", "/v1/admin/unload"}
+                "/v1/completions", "/v1/models", "/v1/admin/ps", "/v1/admin/load", "/v1/admin/unload",
+                "/v1/embeddings", "/v1/files", "/v1/vector_stores"}
 
 
 def error_response(err: OrtServeError, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -68,6 +69,7 @@ def create_app(settings: Settings, *, engine: AsyncEngine | None = None, model_d
     state.telemetry = Telemetry.from_settings(settings)
     state.manager = ModelManager(settings)
     state.metrics.watch_models(state.manager)
+    _rag_parts(state)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -93,6 +95,7 @@ def create_app(settings: Settings, *, engine: AsyncEngine | None = None, model_d
     app.include_router(routes_seed.router)
     app.include_router(routes_openai.router)
     app.include_router(routes_admin.router)
+    app.include_router(routes_embeddings.router)
 
     @app.exception_handler(OrtServeError)
     async def _ortserve_error(_req: Request, err: OrtServeError) -> JSONResponse:
@@ -113,6 +116,14 @@ def create_app(settings: Settings, *, engine: AsyncEngine | None = None, model_d
     app.add_middleware(TelemetryMiddleware, telemetry=state.telemetry,
                        route_of=lambda path: path if path in KNOWN_ROUTES else "other")
     return app
+
+
+def _rag_parts(state: ServerState) -> None:
+    """The embedding holder and the RAG store (issue 16); both open lazily."""
+    from ortserve.models.store import ModelStore
+    from ortserve.server.embed_holder import EmbeddingHolder
+
+    state.embedder = EmbeddingHolder(ModelStore(state.settings.store_dir), state.settings.embedding_model)
 
 
 def validation_to_error(err: RequestValidationError) -> OrtServeError:

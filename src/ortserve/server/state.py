@@ -25,6 +25,8 @@ class ServerState:
     router: Any = None
     telemetry: Any = None
     manager: ModelManager | None = None
+    embedder: Any = None       # server/embed_holder.EmbeddingHolder (issue 16), until the manager adopts it
+    rag: Any = None            # rag/index.RagStore: files and vector stores (issue 16)
 
     def record(self, span: Any, metrics: Any, finish_reason: str | None) -> None:
         """A finished generation, into Prometheus and the request's telemetry span."""

