@@ -69,6 +69,9 @@ class Settings(BaseSettings):
     stall_timeout: float = Field(120.0, gt=0, validation_alias=_env("ORTSERVE_STALL_TIMEOUT"),
                                  description="An engine step running longer than this marks the engine "
                                              "unhealthy (/healthz 503) and restarts it in process")
+    last_logits_only: bool = Field(True, validation_alias=_env("ORTSERVE_LAST_LOGITS_ONLY"),
+                                   description="Compute logits for the last prompt position only (a load-time "
+                                               "graph edit); off runs the graph as built")
     kv_cache_mb: int = Field(0, ge=0, validation_alias=_env("ORTSERVE_KV_CACHE_MB"),
                              description="KV cache budget in MB (0 = half the free memory left after "
                                          "the model, at least 256 MB)")

@@ -56,7 +56,8 @@ class LoadedModel:
         for i, choice in enumerate(options):
             try:
                 runner = Runner(self.spec, slots=slots, providers=[choice.provider], session_options=so,
-                                kv_placement=str(getattr(settings, "kv_placement", "auto")))
+                                kv_placement=str(getattr(settings, "kv_placement", "auto")),
+                                last_logits_only=bool(getattr(settings, "last_logits_only", True)))
             except ModelError as exc:
                 if i == len(options) - 1 and not errors:
                     raise  # nothing to fall back to: the error as it is

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from ortserve.engine.graph import last_position_logits
 from ortserve.engine.kvcache import DeviceKV, HostKV, device_of
 from ortserve.errors import ModelError
 
@@ -72,7 +73,7 @@ class Runner:
 
     def __init__(self, spec: ModelSpec, *, slots: int = 16, capacity: int = 256,
                  providers: list[Any] | None = None, session_options: Any = None,
-                 kv_placement: str = "auto") -> None:
+                 kv_placement: str = "auto", last_logits_only: bool = True) -> None:
         """``kv_placement``: ``host`` (numpy), ``device`` (OrtValues on the provider's device) or
         ``auto`` (host for the CPU provider, device for the others)."""
         import onnxruntime as ort
@@ -80,8 +81,18 @@ class Runner:
         self.spec = spec
         self.slots = slots
         providers = providers or ["CPUExecutionProvider"]
+        # logits for the last position only (engine/graph.py): prefill memory and LM-head work
+        # no longer grow with the prompt
+        model: str | bytes = str(spec.onnx_path)
+        edited = last_position_logits(spec.onnx_path) if last_logits_only else None
+        if edited is not None:
+            model = edited
+            session_options = session_options or ort.SessionOptions()
+            session_options.add_session_config_entry("session.model_external_initializers_file_folder_path",
+                                                     str(spec.onnx_path.parent))
+        self.last_logits_only = edited is not None
         try:
-            self.session = ort.InferenceSession(str(spec.onnx_path), session_options, providers=providers)
+            self.session = ort.InferenceSession(model, session_options, providers=providers)
         except Exception as exc:  # onnxruntime raises its own exception types
             raise ModelError(f"cannot load {spec.onnx_path}: {str(exc).splitlines()[0]}",
                              hint="the model file may be corrupt; `ortserve models verify` checks it") from exc

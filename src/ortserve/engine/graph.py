@@ -1,0 +1,57 @@
+"""Load-time graph edits to the builder's decoder.
+
+The builder's graph returns logits for every input position: for an 8k-token prompt that is
+8k x 49k x 4 B = 1.6 GB, and the LM head over every prompt position is a large share of
+prefill compute. The engine only ever samples from the last position, so ``last_position_logits``
+inserts a Slice of the hidden state before the LM head: logits come out as [batch, 1, vocab]
+whatever the input length. The edited graph is handed to ONNX Runtime as bytes; the weights
+stay in the model directory's external data file.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+log = logging.getLogger("ortserve.engine")
+
+_HEADS = {"MatMul", "MatMulNBits", "Gemm"}
+_PASS = {"Cast", "Identity"}  # may sit between the LM head and the output (fp16 models)
+
+
+def last_position_logits(onnx_path: Path) -> bytes | None:
+    """The decoder with logits for the last position only, or None when the graph has no
+    recognizable LM head (the caller then runs the model as it is)."""
+    try:
+        import onnx
+        from onnx import TensorProto, helper
+    except ImportError:
+        log.warning("the onnx package is missing: prefill computes logits for every prompt position")
+        return None
+    model = onnx.load(str(onnx_path), load_external_data=False)
+    graph = model.graph
+    producer = {out: node for node in graph.node for out in node.output}
+    node = producer.get("logits")
+    while node is not None and node.op_type in _PASS:
+        node = producer.get(node.input[0])
+    if node is None or node.op_type not in _HEADS:
+        log.warning("no LM head found before 'logits' in %s: prefill keeps all positions", onnx_path)
+        return None
+    hidden = node.input[0]
+    sliced = f"{hidden}/last_position"
+    names = {"starts": [-1], "ends": [2**62], "axes": [1]}
+    consts = []
+    for key, value in names.items():
+        consts.append(helper.make_tensor(f"ortserve/last_position/{key}", TensorProto.INT64, [1], value))
+    graph.initializer.extend(consts)
+    slice_node = helper.make_node("Slice", [hidden] + [c.name for c in consts], [sliced],
+                                  name="ortserve/last_position/Slice")
+    node.input[0] = sliced
+    index = list(graph.node).index(node)
+    graph.node.insert(index, slice_node)
+    for out in graph.output:
+        if out.name == "logits":
+            dim = out.type.tensor_type.shape.dim[1]
+            dim.Clear()
+            dim.dim_value = 1
+    return bytes(model.SerializeToString())
