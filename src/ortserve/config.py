@@ -84,6 +84,8 @@ class Settings(BaseSettings):
                                 description="Bearer key required on every route but /healthz")
     cors_origins: list[str] = Field(default_factory=list, validation_alias=_env("ORTSERVE_CORS_ORIGINS"),
                                     description="Allowed CORS origins, comma-separated (none by default)")
+    ui: bool = Field(True, validation_alias=_env("ORTSERVE_UI"),
+                     description="Serve the web page (chat at /, dashboard at /dashboard); off: 404")
     max_queue: int = Field(64, ge=1, validation_alias=_env("ORTSERVE_MAX_QUEUE"),
                            description="Requests waiting beyond this get 429")
     max_body_bytes: int = Field(1_048_576, ge=1024, validation_alias=_env("ORTSERVE_MAX_BODY_BYTES"),

@@ -203,6 +203,16 @@ class Ledger:
         return CostReport(str(self.path), since_label, rows, int(n), round(float(cost), 8),
                           round(base, 8) if base is not None else None, models, savings)
 
+    def recent(self, limit: int = 20) -> list[dict[str, Any]]:
+        """The latest routing decisions, newest first (what the dashboard lists)."""
+        if not self.path.exists():
+            return []
+        with closing(self._connect()) as con:
+            rows = con.execute("SELECT ts, provider, model, local, prompt_tokens, completion_tokens, cost_usd, "
+                               "reason FROM requests ORDER BY ts DESC LIMIT ?", (limit,)).fetchall()
+        keys = ("ts", "provider", "model", "local", "prompt_tokens", "completion_tokens", "cost_usd", "reason")
+        return [{**dict(zip(keys, r)), "local": bool(r[3])} for r in rows]
+
 
 def _iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -28,7 +28,7 @@ from ortserve.errors import (
     Unauthorized,
     Unavailable,
 )
-from ortserve.server import routes_admin, routes_embeddings, routes_openai, routes_seed
+from ortserve.server import routes_admin, routes_embeddings, routes_openai, routes_seed, routes_ui
 from ortserve.server.manager import ModelManager
 from ortserve.server.sse import ClientDisconnected
 from ortserve.server.state import ServerState
@@ -96,6 +96,8 @@ def create_app(settings: Settings, *, engine: AsyncEngine | None = None, model_d
     app.include_router(routes_openai.router)
     app.include_router(routes_admin.router)
     app.include_router(routes_embeddings.router)
+    if settings.ui:
+        app.include_router(routes_ui.router)
 
     @app.exception_handler(OrtServeError)
     async def _ortserve_error(_req: Request, err: OrtServeError) -> JSONResponse:
@@ -189,7 +191,8 @@ class GuardMiddleware:
         if self.state.draining and path != "/healthz":
             await _send(send, Unavailable("the server is shutting down"))
             return
-        if settings.api_key and path != "/healthz" and scope.get("method") != "OPTIONS":
+        public = path == "/healthz" or (settings.ui and routes_ui.is_public(path, scope.get("method", "")))
+        if settings.api_key and not public and scope.get("method") != "OPTIONS":
             given = headers.get("authorization", "")
             token = given[7:] if given.lower().startswith("bearer ") else ""
             if not hmac.compare_digest(token.encode(), settings.api_key.encode()):

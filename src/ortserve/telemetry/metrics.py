@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -27,6 +29,8 @@ class ServerMetrics:
         self.running = Gauge("ortserve_running_requests", "Requests generating", registry=r)
         self.tps = Gauge("ortserve_tokens_per_second", "Decode tokens per second (last 5 s)", registry=r)
         self._stats = stats
+        # (wall time, ttft, tpot) of the latest generations: exact percentiles for the dashboard
+        self.recent: deque[tuple[float, float | None, float | None]] = deque(maxlen=2048)
 
     def bind(self, stats: Callable[[], Any]) -> None:
         self._stats = stats
@@ -45,6 +49,7 @@ class ServerMetrics:
         if metrics.tpot is not None:
             self.tpot.observe(metrics.tpot)
         self.latency.observe(metrics.total_latency)
+        self.recent.append((time.time(), metrics.ttft, metrics.tpot))
 
     def render(self) -> bytes:
         if self._stats is not None:

@@ -1,0 +1,188 @@
+"""The chat page in a real Chromium against a real server (tiny model)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from servers import ServerThread
+
+# Records the answer's length at every DOM change, in the page itself: a streamed answer grows
+# over many observations, one painted at the end would show one.
+OBSERVE = """() => {
+  window.__lens = [];
+  new MutationObserver(() => {
+    const b = document.querySelector('#messages article.assistant:last-of-type .body');
+    if (b) window.__lens.push(b.textContent.length);
+  }).observe(document.getElementById('messages'), {subtree: true, childList: true, characterData: true});
+}"""
+
+
+def settings(page: Any, *, max_tokens: int, temperature: float = 0.7, system: str = "") -> None:
+    page.click("#settings summary")
+    page.fill("#max-tokens", str(max_tokens))
+    page.fill("#temperature", str(temperature))
+    page.fill("#system", system)
+    page.click("#settings summary")
+
+
+def wait_answered(page: Any, timeout_ms: int = 60_000) -> None:
+    page.wait_for_selector("#send:not([hidden])", timeout=timeout_ms)
+
+
+def running(srv: ServerThread) -> int:
+    return int(httpx.get(f"{srv.url}/healthz", timeout=5).json()["running"])
+
+
+def test_page_loads_clean_and_stays_on_loopback(srv: ServerThread, open_page: Any) -> None:
+    w = open_page(srv.url)
+    w.page.wait_for_selector("#model option", state="attached")
+    assert w.page.input_value("#model") == "tiny"
+    assert "auto" in w.page.eval_on_selector_all("#model option", "os => os.map(o => o.value)")
+    w.page.goto(srv.url + "/dashboard")
+    w.page.wait_for_function("window.ortDashboard && window.ortDashboard.polls >= 2")
+    assert w.errors == []
+    assert len(w.requests) >= 10 and w.outside() == []
+
+
+def test_prompt_streams_token_by_token(srv: ServerThread, open_page: Any) -> None:
+    w = open_page(srv.url)
+    page = w.page
+    page.wait_for_selector("#model option", state="attached")
+    settings(page, max_tokens=120, temperature=0.0, system="Answer briefly.")
+    page.evaluate(OBSERVE)
+    page.fill("#prompt", "Tell me a story")
+    page.keyboard.press("Enter")
+    wait_answered(page)
+    lens = page.evaluate("window.__lens")
+    growth = sorted({n for n in lens if n > 0})
+    assert len(growth) >= 5, f"the answer appeared in {len(growth)} steps: {lens[:20]}"
+    meta = page.inner_text("#messages article.assistant .meta")
+    assert "TTFT" in meta and "tok/s" in meta and "finish: length" in meta, meta
+    assert "120 tokens" in meta
+    assert w.errors == [] and w.outside() == []
+    # the conversation is kept in the browser: after a reload it is still there
+    page.reload()
+    page.wait_for_selector("#messages article.assistant")
+    assert page.inner_text("#messages article.user .body") == "Tell me a story"
+    assert page.inner_text("#conversations li .conv-title") == "Tell me a story"
+
+
+def test_stop_and_escape_abort_on_the_server(srv: ServerThread, open_page: Any) -> None:
+    w = open_page(srv.url)
+    page = w.page
+    page.wait_for_selector("#model option", state="attached")
+    settings(page, max_tokens=1900)
+    for how in ("button", "escape"):
+        before = srv.state.engine.stats().total_output_tokens
+        page.fill("#prompt", f"Go on and on ({how})")
+        page.keyboard.press("Enter")
+        page.wait_for_function(
+            "document.querySelector('#messages article.assistant:last-of-type .body').textContent.length > 20")
+        assert running(srv) == 1
+        if how == "button":
+            page.click("#stop")
+        else:
+            page.keyboard.press("Escape")
+        stopped = time.monotonic()
+        while running(srv) != 0 and time.monotonic() - stopped < 2.0:
+            time.sleep(0.05)
+        assert running(srv) == 0, "the server still generates 2 s after Stop"
+        wait_answered(page, 5_000)
+        produced = srv.state.engine.stats().total_output_tokens - before
+        assert produced < 1900, f"the answer ran to its end ({produced} tokens) before Stop"
+        assert "finish: stopped" in page.inner_text("#messages article.assistant:last-of-type .meta")
+    assert w.errors == [] and w.outside() == []
+
+
+def test_hostile_model_output_is_shown_as_text(srv: ServerThread, open_page: Any) -> None:
+    w = open_page(srv.url)
+    page = w.page
+    page.wait_for_selector("#model option[value=auto]", state="attached")
+    page.select_option("#model", "auto")
+    page.fill("#prompt", "Say something dangerous")
+    page.keyboard.press("Enter")
+    wait_answered(page)
+    body = "#messages article.assistant .body"
+    text = page.inner_text(body)
+    assert "<script>window.__xss = 1</script>" in text and '<img src=x onerror="window.__xss = 2">' in text
+    assert page.eval_on_selector(body, "b => b.querySelectorAll('script, img, [onerror]').length") == 0
+    assert page.eval_on_selector(body, "b => [...b.querySelectorAll('a')].map(a => a.getAttribute('href'))") \
+        in ([], [None])
+    assert "via cloud" in page.inner_text("#messages article.assistant .meta")
+    # the same text stored in a conversation and rendered again on load, inside and outside code
+    stored = {"id": "x1", "title": "stored", "created": 0, "messages": [
+        {"role": "user", "content": "<img src=x onerror=\"window.__xss = 4\">"},
+        {"role": "assistant", "content": "```html\n<script>window.__xss = 5</script>\n```\n<svg onload=\"window.__xss=6\">",
+         "meta": {}}]}
+    page.evaluate("c => localStorage.setItem('ortserve.conversations', JSON.stringify([c]))", stored)
+    page.reload()
+    page.wait_for_selector("#messages article.assistant")
+    assert "<script>window.__xss = 5</script>" in page.inner_text(body)
+    assert page.eval_on_selector_all("#messages script, #messages img, #messages svg", "n => n.length") == 0
+    page.wait_for_timeout(300)
+    assert page.evaluate("window.__xss") is None
+    assert w.errors == [] and w.outside() == []
+
+
+def test_keyboard_conversations_rename_delete_export(srv: ServerThread, open_page: Any) -> None:
+    w = open_page(srv.url)
+    page = w.page
+    page.wait_for_selector("#model option", state="attached")
+    settings(page, max_tokens=8)
+    page.focus("#prompt")
+    page.keyboard.type("line one")
+    page.keyboard.press("Shift+Enter")
+    page.keyboard.type("line two")
+    assert page.input_value("#prompt") == "line one\nline two"  # Shift+Enter: a newline, not a send
+    page.keyboard.press("Enter")
+    wait_answered(page)
+    assert page.inner_text("#messages article.user .body") == "line one\nline two"
+    page.click("#conversations li button[title=Rename]")
+    page.fill("#conversations li input", "My first chat")
+    page.keyboard.press("Enter")
+    with page.expect_download() as dl:
+        page.click("#export")
+    exported = json.loads(Path(dl.value.path()).read_text(encoding="utf-8"))
+    assert exported["title"] == "My first chat"
+    assert [m["role"] for m in exported["messages"]] == ["user", "assistant"]
+    assert exported["messages"][1]["meta"]["finish"] == "length"
+    page.click("#new-chat")
+    page.fill("#prompt", "second")
+    page.keyboard.press("Enter")
+    wait_answered(page)
+    page.reload()
+    titles = page.eval_on_selector_all("#conversations .conv-title", "bs => bs.map(b => b.textContent)")
+    assert titles == ["second", "My first chat"]
+    page.click("#conversations li:first-child button[title=Delete]")
+    page.reload()
+    page.wait_for_selector("#conversations li")
+    assert page.eval_on_selector_all("#conversations .conv-title", "bs => bs.map(b => b.textContent)") == \
+        ["My first chat"]
+    assert w.errors == [] and w.outside() == []
+
+
+def test_phone_width_layout(srv: ServerThread, open_page: Any) -> None:
+    w = open_page(srv.url, width=375, height=740)
+    page = w.page
+    page.wait_for_selector("#model option", state="attached")
+    assert page.evaluate("document.documentElement.scrollWidth") <= 375
+    assert not page.is_visible("#sidebar") and page.is_visible("#toggle-sidebar")
+    for sel in ("#prompt", "#send", "#model"):
+        box = page.locator(sel).bounding_box()
+        assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= 375, (sel, box)
+    settings(page, max_tokens=40)
+    page.fill("#prompt", "hello from a phone")
+    page.click("#send")
+    wait_answered(page)
+    assert page.evaluate("document.documentElement.scrollWidth") <= 375
+    page.click("#toggle-sidebar")
+    assert page.is_visible("#sidebar") and page.get_attribute("#toggle-sidebar", "aria-expanded") == "true"
+    assert page.inner_text("#conversations .conv-title") == "hello from a phone"
+    page.goto(srv.url + "/dashboard")
+    page.wait_for_function("window.ortDashboard.polls >= 1")
+    assert page.evaluate("document.documentElement.scrollWidth") <= 375
+    assert w.errors == [] and w.outside() == []
