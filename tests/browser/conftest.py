@@ -44,7 +44,9 @@ def ensure_chromium() -> str | None:
     return None if CHROMIUM.exists() else f"chromium installed but {CHROMIUM} is absent"
 
 
-@pytest.fixture(scope="session")
+# Module scope, not session: while sync_playwright() is open the main thread has a running event
+# loop, and every later test that calls asyncio.run() would fail.
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     reason = ensure_chromium()
     if reason:

@@ -80,8 +80,11 @@ def test_stop_and_escape_abort_on_the_server(srv: ServerThread, open_page: Any) 
         before = srv.state.engine.stats().total_output_tokens
         page.fill("#prompt", f"Go on and on ({how})")
         page.keyboard.press("Enter")
-        page.wait_for_function(
-            "document.querySelector('#messages article.assistant:last-of-type .body').textContent.length > 20")
+        grows = "document.querySelector('#messages article.assistant:last-of-type .body').textContent.length > 20"
+        try:
+            page.wait_for_function(grows)
+        except Exception as exc:
+            raise AssertionError(f"no answer: {page.inner_text('main')[-600:]!r}") from exc
         assert running(srv) == 1
         if how == "button":
             page.click("#stop")
