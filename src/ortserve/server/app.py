@@ -28,7 +28,15 @@ from ortserve.errors import (
     Unauthorized,
     Unavailable,
 )
-from ortserve.server import routes_admin, routes_embeddings, routes_openai, routes_seed, routes_ui
+from ortserve.server import (
+    routes_admin,
+    routes_embeddings,
+    routes_files,
+    routes_openai,
+    routes_seed,
+    routes_ui,
+    routes_vector_stores,
+)
 from ortserve.server.manager import ModelManager
 from ortserve.server.sse import ClientDisconnected
 from ortserve.server.state import ServerState
@@ -96,6 +104,8 @@ def create_app(settings: Settings, *, engine: AsyncEngine | None = None, model_d
     app.include_router(routes_openai.router)
     app.include_router(routes_admin.router)
     app.include_router(routes_embeddings.router)
+    app.include_router(routes_files.router)
+    app.include_router(routes_vector_stores.router)
     if settings.ui:
         app.include_router(routes_ui.router)
 
@@ -198,7 +208,8 @@ class GuardMiddleware:
             if not hmac.compare_digest(token.encode(), settings.api_key.encode()):
                 await _send(send, Unauthorized("missing or wrong API key (Authorization: Bearer ...)"))
                 return
-        limit = settings.max_body_bytes
+        # uploads (POST /v1/files) have their own, larger limit (docs/rag.md)
+        limit = settings.max_upload_bytes + 65536 if path == "/v1/files" else settings.max_body_bytes
         length = headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > limit:
             await _send(send, PayloadTooLarge(f"request body of {length} bytes exceeds the limit of {limit}"))

@@ -1,0 +1,1 @@
+"""Offline retrieval: parsing, chunking, the embedded index, hybrid search (issue 16)."""

@@ -1,0 +1,395 @@
+"""The embedded RAG store: files, vector stores, chunks, vectors and BM25, in SQLite.
+
+Layout under ``root`` (HOME/rag)::
+
+    rag.sqlite            files and the vector-store registry
+    files/<file_id>       uploaded bytes (written and fsynced before their row commits)
+    stores/<vs_id>.sqlite one vector store: its files, chunks (text, offsets, vector), FTS5 BM25
+
+Crash safety: a file's chunks, vectors, BM25 rows and its ``completed`` status are written in
+one SQLite transaction (WAL, synchronous=FULL), after all the embedding work is done. A
+``kill -9`` at any point leaves either the old state or the new one; a rerun of the same
+ingest finds what is missing (or changed, by SHA-256) and completes it. The dense index is a
+cache rebuilt from SQLite when the store's generation moves.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ortserve.errors import InvalidRequest, NotFound
+from ortserve.rag.ingest import Chunk, chunk_text, parse
+from ortserve.rag.search import MODES, DenseIndex, check_filter, fts_query, matches, rrf
+
+_MAIN = """
+CREATE TABLE IF NOT EXISTS files (id TEXT PRIMARY KEY, filename TEXT NOT NULL, bytes INTEGER NOT NULL,
+  sha256 TEXT NOT NULL, purpose TEXT NOT NULL, created_at INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS vector_stores (id TEXT PRIMARY KEY, name TEXT, created_at INTEGER NOT NULL,
+  metadata TEXT NOT NULL DEFAULT '{}', embed_model TEXT NOT NULL, last_active_at INTEGER);
+CREATE INDEX IF NOT EXISTS vs_name ON vector_stores(name);
+"""
+_STORE = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
+CREATE TABLE IF NOT EXISTS vs_files (file_id TEXT PRIMARY KEY, filename TEXT NOT NULL, sha256 TEXT NOT NULL,
+  status TEXT NOT NULL, attributes TEXT NOT NULL DEFAULT '{}', chunking TEXT NOT NULL, usage_bytes INTEGER NOT NULL,
+  chunks INTEGER NOT NULL DEFAULT 0, last_error TEXT, created_at INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS chunks (id INTEGER PRIMARY KEY, file_id TEXT NOT NULL, idx INTEGER NOT NULL,
+  text TEXT NOT NULL, start INTEGER NOT NULL, "end" INTEGER NOT NULL, tokens INTEGER NOT NULL,
+  hash TEXT NOT NULL, vector BLOB NOT NULL);
+CREATE INDEX IF NOT EXISTS chunks_file ON chunks(file_id);
+CREATE INDEX IF NOT EXISTS chunks_hash ON chunks(hash);
+CREATE VIRTUAL TABLE IF NOT EXISTS chunks_fts USING fts5(text, tokenize='porter unicode61');
+"""
+Progress = Callable[[int], None]
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    con = sqlite3.connect(str(path), timeout=30, isolation_level=None, check_same_thread=False)
+    con.execute("PRAGMA journal_mode=WAL")
+    con.execute("PRAGMA synchronous=FULL")
+    con.row_factory = sqlite3.Row
+    return con
+
+
+_TX_LOCK = threading.RLock()   # one writer per process at a time; SQLite's lock orders processes
+
+
+@contextlib.contextmanager
+def _tx(con: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    with _TX_LOCK:
+        con.execute("BEGIN IMMEDIATE")
+        try:
+            yield con
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+        con.execute("COMMIT")
+
+
+def _new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}" if prefix == "file" else f"{prefix}_{uuid.uuid4().hex[:24]}"
+
+
+class RagStore:
+    """Thread-safe for the server: one lock per operation kind; SQLite serialises writers."""
+
+    def __init__(self, root: Path, embedder: Callable[[], Any]) -> None:
+        self.root = Path(root)
+        (self.root / "files").mkdir(parents=True, exist_ok=True)
+        (self.root / "stores").mkdir(parents=True, exist_ok=True)
+        self._embedder = embedder              # called lazily: loading the model is not free
+        self.main = _connect(self.root / "rag.sqlite")
+        self.main.executescript(_MAIN)
+        self._stores: dict[str, sqlite3.Connection] = {}
+        self._dense: dict[str, DenseIndex] = {}
+        self._lock = _TX_LOCK
+        self._sweep_orphans()
+
+    # ---- files ----------------------------------------------------------------
+    def add_file(self, filename: str, data: bytes, purpose: str = "assistants") -> dict[str, Any]:
+        """Validate (parse) first, then store the bytes, then the row: a refused file leaves no trace."""
+        parse(filename, data)
+        fid = _new_id("file")
+        path = self.root / "files" / fid
+        tmp = path.with_name(f".{fid}.tmp")
+        with Path(tmp).open("wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        Path(tmp).replace(path)
+        row = (fid, filename, len(data), hashlib.sha256(data).hexdigest(), purpose, int(time.time()))
+        with _tx(self.main) as con:
+            con.execute("INSERT INTO files VALUES (?,?,?,?,?,?)", row)
+        return self.file(fid)
+
+    def file(self, fid: str) -> dict[str, Any]:
+        r = self.main.execute("SELECT * FROM files WHERE id=?", (fid,)).fetchone()
+        if r is None:
+            raise NotFound(f"No such file: {fid!r}", param="file_id")
+        return {"id": r["id"], "object": "file", "bytes": r["bytes"], "created_at": r["created_at"],
+                "filename": r["filename"], "purpose": r["purpose"], "status": "processed", "expires_at": None,
+                "status_details": None}
+
+    def files(self) -> list[dict[str, Any]]:
+        ids = [r[0] for r in self.main.execute("SELECT id FROM files ORDER BY created_at DESC, id")]
+        return [self.file(i) for i in ids]
+
+    def file_bytes(self, fid: str) -> bytes:
+        self.file(fid)
+        return (self.root / "files" / fid).read_bytes()
+
+    def delete_file(self, fid: str) -> dict[str, Any]:
+        self.file(fid)
+        for vs in self.vector_stores():
+            with contextlib.suppress(NotFound):
+                self.remove_file(vs["id"], fid)
+        with _tx(self.main) as con:
+            con.execute("DELETE FROM files WHERE id=?", (fid,))
+        (self.root / "files" / fid).unlink(missing_ok=True)
+        return {"id": fid, "object": "file", "deleted": True}
+
+    def _sweep_orphans(self) -> None:
+        """Bytes whose row never committed (a crash between the two) and half-written temp files."""
+        known = {r[0] for r in self.main.execute("SELECT id FROM files")}
+        old = time.time() - 3600          # another process may be between its write and its commit
+        for p in (self.root / "files").iterdir():
+            if (p.name.startswith(".") or p.name not in known) and p.stat().st_mtime < old:
+                p.unlink(missing_ok=True)
+
+    # ---- vector stores ------------------------------------------------------------
+    def create_store(self, name: str | None, metadata: dict[str, Any] | None, embed_model: str) -> dict[str, Any]:
+        vid = _new_id("vs")
+        now = int(time.time())
+        with _tx(self.main) as con:
+            con.execute("INSERT INTO vector_stores VALUES (?,?,?,?,?,?)",
+                        (vid, name, now, json.dumps(metadata or {}), embed_model, now))
+        self._store(vid)
+        return self.vector_store(vid)
+
+    def find_store(self, name: str) -> str | None:
+        """A vector store id by id or by name (the CLI's --store)."""
+        r = self.main.execute("SELECT id FROM vector_stores WHERE id=? OR name=? ORDER BY created_at LIMIT 1",
+                              (name, name)).fetchone()
+        return r[0] if r else None
+
+    def _row(self, vid: str, param: str = "vector_store_id") -> sqlite3.Row:
+        r = self.main.execute("SELECT * FROM vector_stores WHERE id=?", (vid,)).fetchone()
+        if r is None:
+            raise NotFound(f"No vector store found with id {vid!r}", param=param)
+        return r  # type: ignore[no-any-return]
+
+    def vector_store(self, vid: str) -> dict[str, Any]:
+        r = self._row(vid)
+        con = self._store(vid)
+        counts = dict.fromkeys(("in_progress", "completed", "failed", "cancelled"), 0)
+        for status, n in con.execute("SELECT status, count(*) FROM vs_files GROUP BY status"):
+            counts[status] = n
+        usage = con.execute("SELECT coalesce(sum(usage_bytes),0) FROM vs_files").fetchone()[0]
+        return {"id": vid, "object": "vector_store", "created_at": r["created_at"], "name": r["name"],
+                "usage_bytes": usage, "file_counts": {**counts, "total": sum(counts.values())},
+                "status": "in_progress" if counts["in_progress"] else "completed", "expires_after": None,
+                "expires_at": None, "last_active_at": r["last_active_at"], "metadata": json.loads(r["metadata"]),
+                "embedding_model": r["embed_model"]}
+
+    def vector_stores(self) -> list[dict[str, Any]]:
+        ids = [r[0] for r in self.main.execute("SELECT id FROM vector_stores ORDER BY created_at DESC, id")]
+        return [self.vector_store(i) for i in ids]
+
+    def delete_store(self, vid: str) -> dict[str, Any]:
+        self._row(vid)
+        with self._lock:
+            con = self._stores.pop(vid, None)
+            if con is not None:
+                con.close()
+            self._dense.pop(vid, None)
+            with _tx(self.main) as m:
+                m.execute("DELETE FROM vector_stores WHERE id=?", (vid,))
+            for suffix in ("", "-wal", "-shm"):
+                (self.root / "stores" / f"{vid}.sqlite{suffix}").unlink(missing_ok=True)
+        return {"id": vid, "object": "vector_store.deleted", "deleted": True}
+
+    def _store(self, vid: str) -> sqlite3.Connection:
+        with self._lock:
+            con = self._stores.get(vid)
+            if con is None:
+                con = _connect(self.root / "stores" / f"{vid}.sqlite")
+                con.executescript(_STORE)
+                con.execute("INSERT OR IGNORE INTO meta VALUES ('generation', '0')")
+                self._stores[vid] = con
+            return con
+
+    # ---- files in a vector store ----------------------------------------------------
+    def vs_file(self, vid: str, fid: str) -> dict[str, Any]:
+        self._row(vid)
+        r = self._store(vid).execute("SELECT * FROM vs_files WHERE file_id=?", (fid,)).fetchone()
+        if r is None:
+            raise NotFound(f"No file {fid!r} in vector store {vid!r}", param="file_id")
+        return _vs_file_json(vid, r)
+
+    def vs_files(self, vid: str, status: str | None = None) -> list[dict[str, Any]]:
+        self._row(vid)
+        q = "SELECT * FROM vs_files" + (" WHERE status=?" if status else "") + " ORDER BY created_at DESC, file_id"
+        return [_vs_file_json(vid, r) for r in self._store(vid).execute(q, (status,) if status else ())]
+
+    def add_to_store(self, vid: str, fid: str, *, attributes: dict[str, Any] | None = None,
+                     max_tokens: int = 200, overlap: int = 40, replace_same_name: bool = False,
+                     progress: Progress | None = None) -> dict[str, Any]:
+        """Parse, chunk, embed (reusing vectors of unchanged chunks), then commit in one transaction."""
+        self._row(vid)
+        f = self.main.execute("SELECT * FROM files WHERE id=?", (fid,)).fetchone()
+        if f is None:
+            raise NotFound(f"No such file: {fid!r}", param="file_id")
+        con = self._store(vid)
+        emb = self._embedder()
+        if max_tokens > emb.max_tokens - 2:
+            raise InvalidRequest(f"max_chunk_size_tokens {max_tokens} exceeds the embedding model's "
+                                 f"{emb.max_tokens - 2}", param="chunking_strategy")
+        chunking = {"type": "static", "static": {"max_chunk_size_tokens": max_tokens,
+                                                 "chunk_overlap_tokens": overlap}}
+        text = parse(f["filename"], self.file_bytes(fid))
+        chunks = chunk_text(text, emb.tokenizer, max_tokens, overlap)
+        vectors = self._vectors(con, emb, chunks, progress)
+        with _tx(con):
+            if replace_same_name:
+                for (old,) in con.execute("SELECT file_id FROM vs_files WHERE filename=? AND file_id<>?",
+                                          (f["filename"], fid)).fetchall():
+                    self._delete_chunks(con, old)
+                    con.execute("DELETE FROM vs_files WHERE file_id=?", (old,))
+            self._delete_chunks(con, fid)
+            for c, v in zip(chunks, vectors, strict=True):
+                cur = con.execute('INSERT INTO chunks (file_id, idx, text, start, "end", tokens, hash, vector) '
+                                  "VALUES (?,?,?,?,?,?,?,?)",
+                                  (fid, c.index, c.text, c.start, c.end, c.tokens, c.hash, v.tobytes()))
+                con.execute("INSERT INTO chunks_fts(rowid, text) VALUES (?,?)", (cur.lastrowid, c.text))
+            usage = sum(len(c.text.encode()) for c in chunks) + 4 * vectors.size
+            con.execute("INSERT OR REPLACE INTO vs_files VALUES (?,?,?,?,?,?,?,?,?,?)",
+                        (fid, f["filename"], f["sha256"], "completed", json.dumps(attributes or {}),
+                         json.dumps(chunking), usage, len(chunks), None, int(time.time())))
+            con.execute("UPDATE meta SET value = value + 1 WHERE key='generation'")
+        return self.vs_file(vid, fid)
+
+    def _vectors(self, con: sqlite3.Connection, emb: Any, chunks: list[Chunk],
+                 progress: Progress | None) -> np.ndarray:
+        """Embeddings for ``chunks``; a chunk whose text is already in the store reuses its vector."""
+        out = np.zeros((len(chunks), emb.dimensions), dtype=np.float32)
+        todo = []
+        for i, c in enumerate(chunks):
+            r = con.execute("SELECT vector FROM chunks WHERE hash=? LIMIT 1", (c.hash,)).fetchone()
+            if r is not None:
+                out[i] = np.frombuffer(r[0], dtype=np.float32)
+            else:
+                todo.append(i)
+        if progress and len(todo) < len(chunks):
+            progress(len(chunks) - len(todo))
+        step = 64
+        for s in range(0, len(todo), step):
+            idx = todo[s:s + step]
+            out[idx] = emb.embed_texts([chunks[i].text for i in idx], truncate=True).vectors
+            if progress:
+                progress(len(idx))
+        return out
+
+    def _delete_chunks(self, con: sqlite3.Connection, fid: str) -> None:
+        con.execute("DELETE FROM chunks_fts WHERE rowid IN (SELECT id FROM chunks WHERE file_id=?)", (fid,))
+        con.execute("DELETE FROM chunks WHERE file_id=?", (fid,))
+
+    def remove_file(self, vid: str, fid: str) -> dict[str, Any]:
+        self.vs_file(vid, fid)
+        con = self._store(vid)
+        with _tx(con):
+            self._delete_chunks(con, fid)
+            con.execute("DELETE FROM vs_files WHERE file_id=?", (fid,))
+            con.execute("UPDATE meta SET value = value + 1 WHERE key='generation'")
+        return {"id": fid, "object": "vector_store.file.deleted", "deleted": True}
+
+    def known_sha(self, vid: str, filename: str) -> str | None:
+        r = self._store(vid).execute("SELECT sha256 FROM vs_files WHERE filename=? AND status='completed'",
+                                     (filename,)).fetchone()
+        return r[0] if r else None
+
+    # ---- search -----------------------------------------------------------------------
+    def _dense_index(self, vid: str) -> DenseIndex:
+        con = self._store(vid)
+        gen = int(con.execute("SELECT value FROM meta WHERE key='generation'").fetchone()[0])
+        with self._lock:
+            idx = self._dense.get(vid)
+            if idx is None or idx.generation != gen:
+                rows = con.execute("SELECT id, vector FROM chunks ORDER BY id").fetchall()
+                ids = np.array([r[0] for r in rows], dtype=np.int64)
+                dim = self._embedder().dimensions
+                vecs = (np.frombuffer(b"".join(r[1] for r in rows), dtype=np.float32).reshape(-1, dim)
+                        if rows else np.zeros((0, dim), np.float32))
+                idx = self._dense[vid] = DenseIndex(gen, ids, vecs)
+            return idx
+
+    def search(self, vid: str, query: str, *, k: int = 10, filters: dict[str, Any] | None = None,
+               mode: str = "hybrid", score_threshold: float = 0.0) -> list[dict[str, Any]]:
+        """Best chunks for ``query``: dense, BM25 (FTS5) or both fused by reciprocal rank."""
+        self._row(vid)
+        if mode not in MODES:
+            raise InvalidRequest(f"search mode {mode!r}: use {', '.join(MODES)}", param="search_mode")
+        if not query.strip():
+            raise InvalidRequest("'query' must not be empty", param="query")
+        con = self._store(vid)
+        attrs = {r[0]: json.loads(r[1]) for r in con.execute("SELECT file_id, attributes FROM vs_files")}
+        allowed = None
+        if filters is not None:
+            check_filter(filters)
+            allowed = {fid for fid, a in attrs.items() if matches(filters, a)}
+        pool = max(k * 4, 40)
+        dense: list[tuple[int, float]] = []
+        bm25: list[int] = []
+        if mode in ("hybrid", "dense"):
+            dense = self._dense_search(con, vid, query, pool, allowed)
+        if mode in ("hybrid", "bm25"):
+            bm25 = self._bm25(con, query, pool, allowed)
+        if mode == "dense":
+            ranked = dense
+        elif mode == "bm25":
+            ranked = [(c, 1.0 / (1 + r)) for r, c in enumerate(bm25)]
+        else:
+            ranked = rrf([c for c, _ in dense], bm25)
+        ranked = [(c, s) for c, s in ranked if s >= score_threshold][:k]
+        with _tx(self.main) as m:
+            m.execute("UPDATE vector_stores SET last_active_at=? WHERE id=?", (int(time.time()), vid))
+        return self._results(con, ranked)
+
+    def _dense_search(self, con: sqlite3.Connection, vid: str, query: str, k: int,
+                      allowed: set[str] | None) -> list[tuple[int, float]]:
+        idx = self._dense_index(vid)
+        q = self._embedder().embed_texts([query], truncate=True).vectors[0]
+        rows = None
+        if allowed is not None:
+            ok = {r[0] for r in con.execute(
+                f"SELECT id FROM chunks WHERE file_id IN ({','.join('?' * len(allowed))})", tuple(allowed))}
+            rows = np.nonzero(np.isin(idx.ids, np.fromiter(ok, dtype=np.int64, count=len(ok))))[0]
+        return idx.search(q, k, rows)
+
+    def _bm25(self, con: sqlite3.Connection, query: str, k: int, allowed: set[str] | None) -> list[int]:
+        match = fts_query(query)
+        if not match:
+            return []
+        sql = ("SELECT f.rowid FROM chunks_fts f JOIN chunks c ON c.id = f.rowid WHERE chunks_fts MATCH ?"
+               + (f" AND c.file_id IN ({','.join('?' * len(allowed))})" if allowed is not None else "")
+               + " ORDER BY bm25(chunks_fts) LIMIT ?")
+        return [r[0] for r in con.execute(sql, (match, *(allowed or ()), k))]
+
+    def _results(self, con: sqlite3.Connection, ranked: list[tuple[int, float]]) -> list[dict[str, Any]]:
+        out = []
+        for cid, score in ranked:
+            c = con.execute('SELECT c.*, v.filename, v.attributes FROM chunks c JOIN vs_files v '
+                            "ON v.file_id = c.file_id WHERE c.id=?", (cid,)).fetchone()
+            if c is None:
+                continue
+            out.append({"file_id": c["file_id"], "filename": c["filename"], "score": round(score, 6),
+                        "attributes": json.loads(c["attributes"]),
+                        "content": [{"type": "text", "text": c["text"]}],
+                        "chunk_index": c["idx"], "start": c["start"], "end": c["end"]})
+        return out
+
+    def close(self) -> None:
+        with self._lock:
+            for con in self._stores.values():
+                con.close()
+            self._stores.clear()
+            self.main.close()
+
+
+def _vs_file_json(vid: str, r: sqlite3.Row) -> dict[str, Any]:
+    err = json.loads(r["last_error"]) if r["last_error"] else None
+    return {"id": r["file_id"], "object": "vector_store.file", "usage_bytes": r["usage_bytes"],
+            "created_at": r["created_at"], "vector_store_id": vid, "status": r["status"], "last_error": err,
+            "chunking_strategy": json.loads(r["chunking"]), "attributes": json.loads(r["attributes"]),
+            "filename": r["filename"], "chunks": r["chunks"]}

@@ -1,0 +1,87 @@
+"""The OpenAI Files API subset the SDK uses for retrieval: create, list, retrieve, content, delete."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from ortserve.errors import InvalidRequest, PayloadTooLarge
+from ortserve.rag.index import RagStore
+from ortserve.rag.ingest import safe_filename
+from ortserve.server.routes_seed import state_of
+
+router = APIRouter()
+PURPOSES = ("assistants", "user_data")
+
+
+def rag_of(request: Request) -> RagStore:
+    """The server's RAG store, opened on first use; it embeds with the server's embedding holder."""
+    st = state_of(request)
+    if st.rag is None:
+        st.rag = RagStore(st.settings.rag_path, lambda: st.embedder.get()[1])
+    return st.rag  # type: ignore[no-any-return]
+
+
+async def locked(fn: Any, *args: Any, **kw: Any) -> Any:
+    from ortserve.rag.index import _TX_LOCK
+
+    def run() -> Any:
+        with _TX_LOCK:
+            return fn(*args, **kw)
+
+    return await asyncio.to_thread(run)
+
+
+@router.post("/v1/files")
+async def create_file(request: Request) -> dict[str, Any]:
+    st = state_of(request)
+    if not request.headers.get("content-type", "").startswith("multipart/form-data"):
+        raise InvalidRequest("upload files as multipart/form-data with fields 'file' and 'purpose'", param="file")
+    limit = st.settings.max_upload_bytes
+    form = await request.form(max_files=1, max_fields=4)
+    try:
+        upload, purpose = form.get("file"), form.get("purpose")
+        if upload is None or isinstance(upload, str):
+            raise InvalidRequest("'file' is required (a multipart file field)", param="file",
+                                 code="missing_required_parameter")
+        if purpose not in PURPOSES:
+            raise InvalidRequest(f"'purpose' must be one of {', '.join(PURPOSES)}, got {purpose!r}", param="purpose")
+        unknown = set(form.keys()) - {"file", "purpose"}
+        if unknown:
+            raise InvalidRequest(f"unknown field(s): {', '.join(sorted(unknown))}", param=min(unknown),
+                                 code="unknown_parameter")
+        name = safe_filename(upload.filename)
+        data = await upload.read(limit + 1)
+        if len(data) > limit:
+            raise PayloadTooLarge(f"{name} is larger than this server's upload limit of {limit} bytes",
+                                  hint="raise ORTSERVE_MAX_UPLOAD_BYTES, or ingest it with `ortserve rag ingest`")
+    finally:
+        await form.close()
+    rag = rag_of(request)
+    return await asyncio.to_thread(rag.add_file, name, data, str(purpose))  # type: ignore[no-any-return]
+
+
+@router.get("/v1/files")
+async def list_files(request: Request) -> dict[str, Any]:
+    data = await locked(rag_of(request).files)
+    return {"object": "list", "data": data, "has_more": False,
+            "first_id": data[0]["id"] if data else None, "last_id": data[-1]["id"] if data else None}
+
+
+@router.get("/v1/files/{file_id}")
+async def retrieve_file(file_id: str, request: Request) -> dict[str, Any]:
+    return await locked(rag_of(request).file, file_id)  # type: ignore[no-any-return]
+
+
+@router.get("/v1/files/{file_id}/content")
+async def file_content(file_id: str, request: Request) -> Response:
+    data = await locked(rag_of(request).file_bytes, file_id)
+    return Response(data, media_type="application/octet-stream")
+
+
+@router.delete("/v1/files/{file_id}")
+async def delete_file(file_id: str, request: Request) -> dict[str, Any]:
+    return await locked(rag_of(request).delete_file, file_id)  # type: ignore[no-any-return]
