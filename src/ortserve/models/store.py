@@ -27,6 +27,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from filelock import FileLock, Timeout
+
 from ortserve.errors import NotFound, StoreError
 
 MANIFEST = "ortserve.json"
@@ -146,12 +148,15 @@ class ModelStore:
     def lock(self, name: str, timeout: float = 3600.0) -> Iterator[None]:
         locks = self.root / ".locks"
         locks.mkdir(parents=True, exist_ok=True)
-        with (locks / f"{name}.lock").open("a+", encoding="utf-8") as fh:
-            _lock_file(fh, timeout)
-            try:
-                yield
-            finally:
-                _unlock_file(fh)
+        lock = FileLock(locks / f"{name}.lock", timeout=timeout)
+        try:
+            lock.acquire(poll_interval=0.2)
+        except Timeout:
+            raise StoreError(f"timed out waiting for lock {lock.lock_file}") from None
+        try:
+            yield
+        finally:
+            lock.release()
 
     def install(self, model: str, variant: str, build: Callable[[Path], dict[str, Any]],
                 *, replace: bool = False) -> Variant:
@@ -259,42 +264,3 @@ def _fsync_tree(root: Path) -> None:
         if p.is_file():
             with p.open("rb") as f:
                 os.fsync(f.fileno())
-
-
-def _lock_file(fh: Any, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    try:
-        import fcntl
-
-        while True:
-            try:
-                fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise StoreError(f"timed out waiting for lock {fh.name}") from None
-                time.sleep(0.2)
-    except ImportError:  # Windows
-        import msvcrt
-
-        while True:
-            try:
-                fh.seek(0)  # msvcrt locks bytes from the current position
-                msvcrt.locking(fh.fileno(), msvcrt.LK_NBLCK, 1)  # type: ignore[attr-defined]
-                return
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise StoreError(f"timed out waiting for lock {fh.name}") from None
-                time.sleep(0.2)
-
-
-def _unlock_file(fh: Any) -> None:
-    try:
-        import fcntl
-
-        fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
-    except ImportError:  # Windows
-        import msvcrt
-
-        fh.seek(0)
-        msvcrt.locking(fh.fileno(), msvcrt.LK_UNLCK, 1)  # type: ignore[attr-defined]

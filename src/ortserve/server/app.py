@@ -38,7 +38,7 @@ from ortserve.server import (
     routes_vector_stores,
 )
 from ortserve.server.manager import ModelManager
-from ortserve.server.sse import ClientDisconnected
+from ortserve.server.sse import ClientDisconnected, SSEPings
 from ortserve.server.state import ServerState
 from ortserve.telemetry import Telemetry, TelemetryMiddleware, span_of
 
@@ -124,6 +124,7 @@ def create_app(settings: Settings, *, engine: AsyncEngine | None = None, model_d
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["*"],
                            allow_headers=["*"])
+    app.add_middleware(SSEPings, interval=settings.sse_ping_seconds)
     app.add_middleware(GuardMiddleware, state=state)
     app.add_middleware(TelemetryMiddleware, telemetry=state.telemetry,
                        route_of=lambda path: path if path in KNOWN_ROUTES else "other")

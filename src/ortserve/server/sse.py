@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Awaitable
 from typing import Any, TypeVar
 
 from starlette.requests import Request
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 T = TypeVar("T")
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -16,6 +17,66 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 def sse(data: Any) -> str:
     payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=(",", ":"))
     return f"data: {payload}\n\n"
+
+
+PING = b": ping\n\n"
+
+
+class SSEPings:
+    """ASGI middleware: while an event stream is idle (a long prefill, a queued request), send a
+    ': ping' comment every ``interval`` seconds so proxies and clients do not cut it. SSE clients
+    ignore comment lines. Hand-written because sse-starlette's pings need its own response class
+    on every route; this covers every text/event-stream response the app sends, in one place."""
+
+    def __init__(self, app: ASGIApp, interval: float) -> None:
+        self.app = app
+        self.interval = interval
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or self.interval <= 0:
+            await self.app(scope, receive, send)
+            return
+        loop = asyncio.get_running_loop()
+        lock = asyncio.Lock()
+        last = loop.time()
+        finished = False
+        pinger: asyncio.Task[None] | None = None
+
+        async def ping_loop() -> None:
+            nonlocal last
+            while True:
+                await asyncio.sleep(max(0.0, last + self.interval - loop.time()))
+                async with lock:
+                    if finished:
+                        return
+                    if loop.time() - last >= self.interval:
+                        try:
+                            await send({"type": "http.response.body", "body": PING, "more_body": True})
+                        except Exception:  # noqa: BLE001 - the client left; the app notices on its own
+                            return
+                        last = loop.time()
+
+        async def send_and_watch(msg: Message) -> None:
+            nonlocal last, finished, pinger
+            async with lock:
+                streaming = False
+                if msg["type"] == "http.response.start":
+                    ctype = dict(msg.get("headers", [])).get(b"content-type", b"")
+                    streaming = ctype.startswith(b"text/event-stream")
+                elif msg["type"] == "http.response.body" and not msg.get("more_body", False):
+                    finished = True
+                await send(msg)
+                last = loop.time()
+                if streaming and pinger is None:
+                    pinger = asyncio.ensure_future(ping_loop())
+
+        try:
+            await self.app(scope, receive, send_and_watch)
+        finally:
+            finished = True
+            if pinger is not None:
+                pinger.cancel()
+                await asyncio.wait({pinger})
 
 
 class ClientDisconnected(asyncio.CancelledError):

@@ -24,12 +24,13 @@ import logging
 import os
 import re
 import secrets
-import sys
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from filelock import FileLock
 
 log = logging.getLogger("ortserve.telemetry")
 
@@ -244,32 +245,10 @@ def _unlinked(fd: int) -> bool:
 
 @contextlib.contextmanager
 def exclusive_lock(path: Path) -> Iterator[None]:
-    """An advisory inter-process lock held for the block (fcntl on POSIX, msvcrt on Windows)."""
+    """An inter-process lock held for the block (filelock: flock on POSIX, msvcrt on Windows)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a+b") as fh:
-        if sys.platform == "win32":  # pragma: no cover - Windows only
-            import msvcrt
-
-            fh.seek(0)
-            while True:
-                try:
-                    msvcrt.locking(fh.fileno(), msvcrt.LK_LOCK, 1)
-                    break
-                except OSError:
-                    time.sleep(0.1)
-            try:
-                yield
-            finally:
-                fh.seek(0)
-                msvcrt.locking(fh.fileno(), msvcrt.LK_UNLCK, 1)
-        else:
-            import fcntl
-
-            fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+    with FileLock(path):
+        yield
 
 
 def read_complete_lines(path: Path, offset: int = 0) -> Iterator[tuple[int, bytes]]:
