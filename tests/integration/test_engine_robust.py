@@ -114,3 +114,20 @@ def test_a_request_that_can_never_fit_is_refused_at_once(engine) -> None:
         core.kv_budget = saved
     assert err.value.status == 400 and err.value.param == "max_tokens"
     assert err.value.code == "kv_budget_exceeded" and "kv_cache_mb" in err.value.message
+
+
+def test_chat_drops_the_oldest_turns_and_tells_the_user(tiny_model: Path, tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    turns = [f"Turn {i}: " + "tell me more about the long river and the old bridge " * 4 for i in range(5)]
+    r = subprocess.run([sys.executable, "-m", "ortserve.cli.main", "chat", "--model", str(tiny_model),
+                        "--max-length", "200", "--max-tokens", "24", "--temperature", "0"],
+                       input="\n".join([*turns, "word " * 400, "still here?", "/exit"]) + "\n",
+                       capture_output=True, text=True, timeout=300, check=False,
+                       env={**os.environ, "ORTSERVE_HOME": str(tmp_path)})
+    assert r.returncode == 0, r.stderr
+    assert "outgrew the 200-token context: dropped the 2 oldest messages" in r.stderr
+    assert "error:" in r.stderr and "context length" in r.stderr  # one message too long alone: said, not fatal
+    assert r.stdout.count(">>> ") == len(turns) + 3  # every prompt came back, up to /exit

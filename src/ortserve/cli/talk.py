@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from ortserve.cli.common import echo_json, guarded, load_model, model_options, pop_model_flags, settings_from
+from ortserve.errors import OrtServeError
 from ortserve.types import SamplingParams
 
 RULE = "═" * 70
@@ -129,8 +130,36 @@ def chat(**kw: Any) -> None:
             if not line.strip():
                 continue
             history.append({"role": "user", "content": line})
-            answer = _stream_answer(llm, history, params)
+            history, dropped = fit_history(llm.engine, history, params.max_tokens)
+            if dropped:
+                click.echo(f"(the conversation outgrew the {llm.engine.context_length}-token context: dropped "
+                           f"the {dropped} oldest message{'s' if dropped > 1 else ''})", err=True)
+            try:
+                answer = _stream_answer(llm, history, params)
+            except OrtServeError as exc:  # this message cannot be answered; the session goes on
+                click.echo(f"error: {exc.one_line()}", err=True)
+                history.pop()
+                continue
             history.append({"role": "assistant", "content": answer})
+
+
+def fit_history(engine: Any, history: list[dict[str, str]], max_tokens: int) -> tuple[list[dict[str, str]], int]:
+    """Drop the oldest turns (never the system prompt or the newest message) until the rendered
+    conversation plus ``max_tokens`` fits the context; returns the history and how many went."""
+    keep_system = 1 if history and history[0]["role"] == "system" else 0
+    history = list(history)
+    dropped = 0
+
+    def size() -> int:
+        return len(engine.codec.encode(engine.codec.render_chat(history), add_special_tokens=False))
+
+    while len(history) - keep_system > 1 and size() + max_tokens > engine.context_length:
+        del history[keep_system]
+        dropped += 1
+        if len(history) - keep_system > 1 and history[keep_system]["role"] == "assistant":
+            del history[keep_system]  # a conversation starts with the user: drop the answer too
+            dropped += 1
+    return history, dropped
 
 
 def _stream_answer(llm: Any, history: list[dict[str, str]], params: SamplingParams) -> str:

@@ -1,0 +1,163 @@
+r"""A long prompt among running streams: chunked prefill keeps their pace (JSON, one run).
+
+    nice -n 10 .venv/bin/python benchmarks/long_prompt.py [--model ID] [--streams 8] [--prompt 4096] \\
+        [--chunks 128,256,512,1024,8192] [--rss-prompt 8000]
+
+For each chunk size: 8 streams decode; their inter-token times (TPOT) are taken before a
+4k-token prompt arrives and while it is prefilled (arrival -> its first token). The long
+prompt's TTFT is compared with its TTFT on the idle engine, measured in the same round.
+Goal (issue 18): p99 TPOT during <= 3x before, long-prompt TTFT <= 1.5x idle.
+Peak RSS for one 8k prompt runs in child processes: "before" = whole prefill with logits
+for every position (the graph as built), "after" = 512-token chunks, last-position logits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from typing import Any
+
+from _common import QUESTIONS, emit, machine, model_dir, pct
+
+from ortserve.config import load_settings
+from ortserve.engine import AsyncEngine
+from ortserve.types import SamplingParams
+
+
+def long_text(engine: AsyncEngine, tokens: int) -> str:
+    base = " ".join(QUESTIONS) + " "
+    ids = engine.codec.encode(base * (tokens // 100 + 2), add_special_tokens=False)[:tokens - 2]
+    return engine.codec.decode(ids)
+
+
+async def ttft(engine: AsyncEngine, prompt: str) -> float:
+    t0 = time.perf_counter()
+    async for ev in engine.submit(prompt=prompt, params=SamplingParams(temperature=0, max_tokens=1)):
+        if ev.finished:
+            return time.perf_counter() - t0
+    raise RuntimeError("no final event")
+
+
+async def round_for(engine: AsyncEngine, prompt: str, streams: int, warm_tokens: int) -> dict[str, Any]:
+    """Streams decoding, then the long prompt arrives; gaps before vs during its prefill."""
+    times: list[list[float]] = [[] for _ in range(streams)]
+    params = SamplingParams(temperature=0, max_tokens=4000, ignore_eos=True)
+    handles = [engine.submit(messages=[{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}], params=params)
+               for i in range(streams)]
+
+    async def consume(i: int) -> None:
+        async for ev in handles[i]:
+            if ev.token_ids:
+                times[i].extend([time.perf_counter()] * len(ev.token_ids))
+            if ev.finished:
+                return
+
+    tasks = [asyncio.ensure_future(consume(i)) for i in range(streams)]
+    while min(len(t) for t in times) < warm_tokens:
+        await asyncio.sleep(0.01)
+    arrival = time.perf_counter()
+    long_ttft = await ttft(engine, prompt)
+    first = arrival + long_ttft
+    await asyncio.sleep(0.2)
+    for h in handles:
+        await engine.abort(h.id)
+    await asyncio.gather(*tasks)
+    before, during = [], []
+    for ts in times:
+        for a, b in itertools.pairwise(ts):
+            if b <= arrival and a >= arrival - 10:
+                before.append(b - a)
+            elif a >= arrival and (b <= first or a < first <= b):  # up to the gap the last chunk ends
+                during.append(b - a)
+    return {"ttft_during_s": long_ttft, "before": before, "during": during}
+
+
+async def tradeoff(engine: AsyncEngine, prompt: str, chunks: list[int], streams: int) -> list[dict[str, Any]]:
+    rows = []
+    await ttft(engine, prompt)  # warm the session's shapes
+    for c in chunks:
+        engine.core.chunk_tokens = c
+        idle = await ttft(engine, prompt)
+        r = await round_for(engine, prompt, streams, warm_tokens=12)
+        b50, b99 = pct(r["before"], 0.5), pct(r["before"], 0.99)
+        d50, d99 = pct(r["during"], 0.5), pct(r["during"], 0.99)
+        rows.append({"chunk": c, "tpot_before_ms": {"p50": round(1e3 * b50, 1), "p99": round(1e3 * b99, 1)},
+                     "tpot_during_ms": {"p50": round(1e3 * d50, 1), "p99": round(1e3 * d99, 1)},
+                     "p99_during_over_before": round(d99 / b99, 2) if b99 else None,
+                     "tokens_during": len(r["during"]),
+                     "long_ttft_idle_s": round(idle, 2), "long_ttft_during_s": round(r["ttft_during_s"], 2),
+                     "ttft_during_over_idle": round(r["ttft_during_s"] / idle, 2)})
+        print(json.dumps(rows[-1]), file=sys.stderr)
+    return rows
+
+
+def rss_child(args: argparse.Namespace) -> None:
+    """One 8k prompt in a fresh process: RSS after load, and peak."""
+    path, _ = model_dir(args.model)
+    settings = load_settings(max_batch=1, prefill_chunk=args.child_chunk, last_logits_only=not args.full_logits)
+    engine = AsyncEngine.load(path, settings)
+    engine.core.start()
+    import psutil
+
+    loaded = psutil.Process().memory_info().rss
+    prompt = long_text(engine, args.rss_prompt)
+    n = engine.count_tokens(prompt)
+    t0 = time.perf_counter()
+    asyncio.run(engine.generate(prompt=prompt, params=SamplingParams(temperature=0, max_tokens=1)))
+    wall = time.perf_counter() - t0
+    engine.core.stop()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+    print(json.dumps({"prompt_tokens": n, "rss_after_load_mb": round(loaded / 2**20),
+                      "peak_rss_mb": round(peak / 2**20), "prefill_growth_mb": round((peak - loaded) / 2**20),
+                      "prefill_s": round(wall, 2)}))
+
+
+def peak_rss(args: argparse.Namespace, chunk: int, full_logits: bool) -> dict[str, Any]:
+    cmd = [sys.executable, __file__, "--rss-child", "--child-chunk", str(chunk), "--rss-prompt", str(args.rss_prompt)]
+    cmd += ["--model", args.model] if args.model else []
+    cmd += ["--full-logits"] if full_logits else []
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, env={**os.environ}).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--streams", type=int, default=8)
+    ap.add_argument("--prompt", type=int, default=4096, help="long prompt tokens")
+    ap.add_argument("--chunks", default="128,256,512,1024,8192")
+    ap.add_argument("--rss-prompt", type=int, default=8000)
+    ap.add_argument("--skip-rss", action="store_true")
+    ap.add_argument("--rss-child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--child-chunk", type=int, default=512, help=argparse.SUPPRESS)
+    ap.add_argument("--full-logits", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.rss_child:
+        rss_child(args)
+        return
+    result: dict[str, Any] = {"benchmark": "long_prompt", "machine": machine()}
+    if not args.skip_rss:
+        result["peak_rss_8k"] = {"before (whole prefill, all-position logits)": peak_rss(args, 8192, True),
+                                 "after (512-token chunks, last-position logits)": peak_rss(args, 512, False)}
+        print(json.dumps(result["peak_rss_8k"]), file=sys.stderr)
+    path, model_id = model_dir(args.model)
+    engine = AsyncEngine.load(path, load_settings(max_batch=16))
+    engine.core.start()
+    prompt = long_text(engine, args.prompt)
+    result.update(model=model_id, streams=args.streams, long_prompt_tokens=engine.count_tokens(prompt))
+    result["chunks"] = asyncio.run(tradeoff(engine, prompt, [int(c) for c in args.chunks.split(",")],
+                                            args.streams))
+    engine.core.stop()
+    result["loadavg_at_end"] = os.getloadavg()
+    emit(result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,217 @@
+r"""Soak: N streaming clients for T minutes against a real `ortserve serve`, with random
+disconnects and periodic bursts of abrupt disconnects; the server's RSS every 10 s, plotted.
+
+    nice -n 19 .venv/bin/python benchmarks/soak.py --streams 16 --minutes 30 --burst 100 \\
+        --burst-every 300 --plot docs/img/soak_rss.png --out docs/soak.json
+
+Targets (issue 18): after the first 2 minutes RSS drift < 5%; 0 errors; 0 requests left
+running after each burst (the engine's running + waiting is back to the clients still in flight).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+from _common import QUESTIONS, emit, machine, model_dir
+
+
+class Soak:
+    def __init__(self, url: str, args: argparse.Namespace) -> None:
+        self.url = url
+        self.args = args
+        self.stop_at = 0.0
+        self.inflight = 0          # steady-stream requests the soak has open
+        self.completed = 0
+        self.disconnects = 0
+        self.errors: list[str] = []
+        self.rng = random.Random(args.seed)
+
+    def body(self, stream: bool) -> dict[str, Any]:
+        return {"messages": [{"role": "user", "content": self.rng.choice(QUESTIONS)}], "stream": stream,
+                "max_tokens": self.rng.randint(16, self.args.max_tokens), "temperature": 0.7}
+
+    async def stream_loop(self, client: httpx.AsyncClient) -> None:
+        while time.monotonic() < self.stop_at:
+            hang_up = self.rng.random() < self.args.disconnect_rate
+            self.inflight += 1
+            try:
+                async with client.stream("POST", f"{self.url}/v1/chat/completions", json=self.body(True)) as r:
+                    if r.status_code != 200:
+                        self.errors.append(f"status {r.status_code}: {(await r.aread())[:200]!r}")
+                        continue
+                    chunks = 0
+                    async for line in r.aiter_lines():
+                        if line.startswith("data: ") and line != "data: [DONE]":
+                            chunks += 1
+                            if '"error"' in line:
+                                self.errors.append(line[:200])
+                            if hang_up and chunks >= 3:
+                                self.disconnects += 1
+                                break
+                    else:
+                        self.completed += 1
+            except httpx.HTTPError as exc:
+                self.errors.append(f"{type(exc).__name__}: {exc}")
+            finally:
+                self.inflight -= 1
+
+    async def burst(self, n: int) -> None:
+        """n clients that hang up abruptly: half after the first streamed chunk, half while waiting
+        for a non-streamed answer."""
+        async def one(i: int) -> None:
+            async with httpx.AsyncClient(timeout=60) as c:
+                if i % 2 == 0:
+                    async with c.stream("POST", f"{self.url}/v1/chat/completions", json=self.body(True)) as r:
+                        async for line in r.aiter_lines():
+                            if line.startswith("data: "):
+                                return
+                else:
+                    try:
+                        await c.post(f"{self.url}/v1/chat/completions", json=self.body(False),
+                                     timeout=self.rng.uniform(0.2, 2.0))
+                    except httpx.TimeoutException:
+                        pass
+        await asyncio.gather(*(one(i) for i in range(n)), return_exceptions=True)
+        self.disconnects += n
+
+    async def leftover(self, client: httpx.AsyncClient) -> int:
+        """Requests the engine still holds beyond the steady clients in flight (after settling)."""
+        best = 10**9
+        for _ in range(20):
+            await asyncio.sleep(0.5)
+            h = (await client.get(f"{self.url}/healthz")).json()
+            best = min(best, max(0, h.get("running", 0) + h.get("waiting", 0) - self.inflight))
+            if best == 0:
+                break
+        return best
+
+
+async def run(url: str, pid: int, args: argparse.Namespace) -> dict[str, Any]:
+    soak = Soak(url, args)
+    proc = psutil.Process(pid)
+    t0 = time.monotonic()
+    soak.stop_at = t0 + args.minutes * 60
+    samples: list[tuple[float, float]] = []
+    bursts: list[dict[str, Any]] = []
+
+    async def sampler() -> None:
+        while time.monotonic() < soak.stop_at + 15:
+            samples.append((time.monotonic() - t0, proc.memory_info().rss / 2**20))
+            await asyncio.sleep(args.sample_every)
+
+    async def burster(client: httpx.AsyncClient) -> None:
+        n = 1
+        while time.monotonic() + args.burst_every < soak.stop_at + 1:
+            await asyncio.sleep(t0 + n * args.burst_every - time.monotonic())
+            b0 = time.monotonic() - t0
+            rss_before = proc.memory_info().rss / 2**20
+            await soak.burst(args.burst)
+            left = await soak.leftover(client)
+            bursts.append({"t_s": round(b0), "rss_before_mb": round(rss_before, 1),
+                           "rss_after_mb": round(proc.memory_info().rss / 2**20, 1), "left_running": left})
+            n += 1
+
+    limits = httpx.Limits(max_connections=args.streams + 8)
+    async with httpx.AsyncClient(timeout=300, limits=limits) as client:
+        tasks = [asyncio.ensure_future(sampler())]
+        if args.burst:
+            tasks.append(asyncio.ensure_future(burster(client)))
+        await asyncio.gather(*(soak.stream_loop(client) for _ in range(args.streams)))
+        await asyncio.gather(*tasks)
+        final_left = await soak.leftover(client)
+    warm = [m for t, m in samples if t >= args.warmup]
+    base = warm[0] if warm else 0.0
+    return {
+        "streams": args.streams, "minutes": args.minutes, "burst": args.burst, "burst_every_s": args.burst_every,
+        "completed": soak.completed, "disconnects": soak.disconnects, "errors": len(soak.errors),
+        "error_samples": soak.errors[:5], "bursts": bursts, "left_running_at_end": final_left,
+        "rss_mb": {"start": round(samples[0][1], 1), "after_warmup": round(base, 1),
+                   "max_after_warmup": round(max(warm), 1) if warm else None,
+                   "end": round(samples[-1][1], 1)},
+        "drift_after_warmup_pct": round(100 * (max(warm) - base) / base, 2) if warm else None,
+        "end_vs_warmup_pct": round(100 * (warm[-1] - base) / base, 2) if warm else None,
+        "samples": [(round(t), round(m, 1)) for t, m in samples],
+    }
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    t = [s[0] / 60 for s in result["samples"]]
+    m = [s[1] for s in result["samples"]]
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    ax.plot(t, m, lw=1.5, label="server RSS")
+    for b in result["bursts"]:
+        ax.axvline(b["t_s"] / 60, color="tab:red", lw=0.8, ls="--")
+    ax.axvspan(0, result.get("warmup_s", 120) / 60, color="0.9", label="warm-up")
+    ax.set_xlabel("minutes")
+    ax.set_ylabel("RSS (MB)")
+    ax.set_ylim(0, max(m) * 1.15)
+    ax.set_title(f"{result['streams']} streams, bursts of {result['burst']} disconnects (dashed); "
+                 f"drift after warm-up {result['drift_after_warmup_pct']}%", fontsize=9)
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--streams", type=int, default=16)
+    ap.add_argument("--minutes", type=float, default=30)
+    ap.add_argument("--burst", type=int, default=100, help="abrupt disconnects per burst (0: none)")
+    ap.add_argument("--burst-every", type=float, default=300, help="seconds between bursts")
+    ap.add_argument("--disconnect-rate", type=float, default=0.05, help="share of steady streams cut early")
+    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--sample-every", type=float, default=10)
+    ap.add_argument("--warmup", type=float, default=120, help="seconds before drift is measured")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--port", type=int, default=8766)
+    ap.add_argument("--plot", type=Path, default=None)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    path, model_id = model_dir(args.model)
+    env = {**os.environ, "ORTSERVE_MAX_QUEUE": str(4 * args.burst + 64), "ORTSERVE_LOG_LEVEL": "warning"}
+    server = subprocess.Popen([sys.executable, "-m", "ortserve.cli.main", "serve", "--model", str(path),
+                               "--port", str(args.port)], env=env)
+    url = f"http://127.0.0.1:{args.port}"
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        result = {"benchmark": "soak", "model": model_id, "machine": machine(), "warmup_s": args.warmup,
+                  **asyncio.run(run(url, server.pid, args))}
+    finally:
+        server.terminate()
+        server.wait(30)
+    result["loadavg_at_end"] = os.getloadavg() if hasattr(os, "getloadavg") else None
+    if args.plot:
+        plot(result, args.plot)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    emit({k: v for k, v in result.items() if k != "samples"})
+
+
+if __name__ == "__main__":
+    main()
