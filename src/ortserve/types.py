@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -28,8 +29,14 @@ class SamplingParams:
     ignore_eos: bool = False
     fit_context: bool = False  # max_tokens is a default: shorten it to the room left in the context
     timeout: float | None = None  # deadline in seconds from submission (queue time counts); None: the server's
+    # constrained decoding (at most one): a JSON schema (dict or JSON text), a regex, a Lark grammar
+    json_schema: str | None = None
+    regex: str | None = None
+    grammar: str | None = None
 
     def __post_init__(self) -> None:
+        if self.json_schema is not None and not isinstance(self.json_schema, str):
+            object.__setattr__(self, "json_schema", json.dumps(self.json_schema))
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         elif not isinstance(self.stop, tuple):
@@ -65,6 +72,12 @@ class SamplingParams:
             value = getattr(self, name)
             if not _finite(value) or not (-2 <= value <= 2):
                 raise bad(name, f"must be between -2 and 2, got {value!r}")
+        constraints = [n for n in ("json_schema", "regex", "grammar") if getattr(self, n) is not None]
+        if len(constraints) > 1:
+            raise bad(constraints[1], f"cannot be combined with {constraints[0]}: give one constraint")
+        for name in constraints:
+            if not isinstance(getattr(self, name), str):
+                raise bad(name, "must be a string")
 
     @property
     def greedy(self) -> bool:

@@ -25,10 +25,12 @@ import logging
 import sys
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from ortserve.engine.guidance import Guidance, allocate_masks, apply_mask
 from ortserve.engine.runner import Runner
 from ortserve.engine.sampler import apply_penalties, sample
 from ortserve.engine.sequence import Sequence
@@ -55,8 +57,14 @@ class Plan:
 
 
 class EngineCore:
-    def __init__(self, runner: Runner, *, chunk_tokens: int = 512, kv_budget_bytes: int | None = None) -> None:
+    def __init__(self, runner: Runner, *, chunk_tokens: int = 512, kv_budget_bytes: int | None = None,
+                 guidance: Guidance | None = None) -> None:
         self.runner = runner
+        self.guidance = guidance  # grammar masks for constrained sequences (engine/guidance.py)
+        self._masks = allocate_masks(runner.slots, runner.spec.vocab_size)
+        self._one_mask = allocate_masks(1, runner.spec.vocab_size)
+        self._mask_pool: ThreadPoolExecutor | None = None
+        self.mask_seconds = 0.0  # time the loop waited for grammar masks after a decode step
         self.eos = set(runner.spec.eos_token_ids)
         self.chunk_tokens = max(1, chunk_tokens)
         self.kv_budget = kv_budget_bytes or (1 << 62)
@@ -263,6 +271,7 @@ class EngineCore:
         """One token for every sequence in ``batch`` (rows 0..n-1); a failing step is retried per row."""
         n = len(batch)
         tokens = np.fromiter((s.pending for s in batch), dtype=np.int64, count=n)
+        masks = self._start_masks(batch)
         t0 = time.perf_counter()
         try:
             for s in batch:
@@ -271,14 +280,31 @@ class EngineCore:
         except Exception as exc:  # noqa: BLE001 - any failure: find the culprit row by row
             log.warning("batched decode of %d rows failed (%s: %s); retrying row by row", n,
                         type(exc).__name__, exc)
-            self._decode_rows(batch, tokens)
+            self._wait_masks(masks)
+            self._decode_rows(batch, tokens, masks is not None)
             return
+        self._wait_masks(masks)
         now = time.perf_counter()
         self._account_decode(now, now - t0, n)
         for i, seq in enumerate(batch):
-            self._postprocess(seq, logits[i])
+            self._postprocess(seq, logits[i], self._masks[i] if masks is not None else None)
 
-    def _decode_rows(self, batch: list[Sequence], tokens: np.ndarray) -> None:
+    def _start_masks(self, batch: list[Sequence]) -> Future[None] | None:
+        """Grammar masks of every constrained row, in parallel threads, while the model runs."""
+        guided = [(s.guide, i) for i, s in enumerate(batch) if s.guide is not None]
+        if not guided or self.guidance is None:
+            return None
+        if self._mask_pool is None:
+            self._mask_pool = ThreadPoolExecutor(1, thread_name_prefix="ortserve-masks")
+        return self._mask_pool.submit(self.guidance.fill_masks, guided, self._masks)
+
+    def _wait_masks(self, masks: Future[None] | None) -> None:
+        if masks is not None:
+            t0 = time.perf_counter()
+            masks.result()
+            self.mask_seconds += time.perf_counter() - t0
+
+    def _decode_rows(self, batch: list[Sequence], tokens: np.ndarray, masked: bool = False) -> None:
         for i, seq in enumerate(batch):
             t0 = time.perf_counter()
             try:
@@ -289,7 +315,7 @@ class EngineCore:
                 continue
             now = time.perf_counter()
             self._account_decode(now, now - t0, 1)
-            self._postprocess(seq, logits[0])
+            self._postprocess(seq, logits[0], self._masks[i] if masked else None)
 
     def _account_decode(self, now: float, seconds: float, n: int) -> None:
         self.decode_seconds += seconds
@@ -309,27 +335,34 @@ class EngineCore:
             raise planted[1]
 
     # ---- postprocess (per sequence) ---------------------------------------
-    def _postprocess(self, seq: Sequence, logits: np.ndarray) -> None:
+    def _postprocess(self, seq: Sequence, logits: np.ndarray, mask: np.ndarray | None = None) -> None:
         """Everything one sequence does with its logits row; what raises here ends only this request."""
         if seq.finished:
             return
         try:
             self._check_fault(seq, "postprocess")
-            token = self.select(seq, logits)
+            token = self.select(seq, logits, mask)
             self._advance(seq, token)
         except Exception as exc:
             log.exception("request %s failed in postprocess", seq.id)
             self._fail(seq, exc)
 
-    def select(self, seq: Sequence, logits: np.ndarray) -> int:
-        """Logits processors, then sampling: the token this sequence takes next."""
+    def select(self, seq: Sequence, logits: np.ndarray, mask: np.ndarray | None = None) -> int:
+        """Logits processors, then the grammar mask, then sampling: the token this sequence takes next."""
         p = seq.params
         if len(seq.output_ids) < p.min_tokens or p.ignore_eos:
             logits = logits.copy()
             logits[list(self.eos)] = -np.inf
-        elif p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty:
+        elif p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty or seq.guide:
             logits = logits.copy()
         logits = apply_penalties(logits, p, seq.prompt_ids, seq.counts)
+        if seq.guide is not None:
+            if mask is None:  # after prefill: this row's mask alone
+                mask = self._one_mask[0]
+                seq.guide.compute_mask(mask)
+            apply_mask(logits, mask)
+            if not np.isfinite(logits).any():  # the grammar allows only the end (min_tokens gives way)
+                logits[next(iter(self.eos))] = 0.0
         return sample(logits, p, seq.rng)
 
     def _advance(self, seq: Sequence, token: int) -> None:
@@ -337,9 +370,11 @@ class EngineCore:
         if token in self.eos:
             self._finish(seq, "stop")
             return
+        if seq.guide is not None:
+            seq.guide.consume(token)
         text = seq.accept(token)
         self.total_output_tokens += 1
-        if seq.stop.stopped:
+        if seq.stop.stopped or (seq.guide is not None and seq.guide.stopped):
             self._emit(seq, text)
             self._finish(seq, "stop")
         elif (len(seq.output_ids) >= seq.params.max_tokens

@@ -13,10 +13,12 @@ from typing import Any
 
 from ortserve.engine.core import EngineCore
 from ortserve.engine.detokenize import IncrementalDetokenizer
+from ortserve.engine.guidance import Guidance, Guide, constraint_of
 from ortserve.engine.runner import ModelSpec, Runner
 from ortserve.engine.runtime import DeviceChoice, candidates, session_options
 from ortserve.engine.sequence import Sequence
 from ortserve.engine.tokenizer import TextCodec
+from ortserve.engine.tools import Tool
 from ortserve.engine.watchdog import Watchdog
 from ortserve.errors import (
     ContextLengthExceeded,
@@ -48,6 +50,7 @@ class LoadedModel:
         self.context_length = min(self.spec.context_length, max_length or self.spec.context_length)
         slots = int(getattr(settings, "max_batch", 16))
         self.runner, self.choice = self._load(settings, slots)
+        self.guidance = Guidance(model_dir / "tokenizer.json", self.spec.vocab_size, self.spec.eos_token_ids)
 
     def _load(self, settings: Any, slots: int) -> tuple[Runner, DeviceChoice]:
         so = session_options(settings, self.spec.session_options)
@@ -107,7 +110,7 @@ class AsyncEngine:
 
     def _new_core(self, runner: Runner) -> EngineCore:
         return EngineCore(runner, chunk_tokens=int(getattr(self.settings, "prefill_chunk", 512)),
-                          kv_budget_bytes=self.kv_budget)
+                          kv_budget_bytes=self.kv_budget, guidance=self.model.guidance)
 
     def reload(self) -> None:
         """A fresh model session and engine loop (the watchdog's restart; blocking)."""
@@ -134,6 +137,15 @@ class AsyncEngine:
     def device(self) -> str:
         return self.model.choice.device
 
+    @property
+    def guidance(self) -> Guidance:
+        return self.model.guidance
+
+    def guide_for(self, params: SamplingParams) -> Guide | None:
+        """The grammar matcher for a constrained request (a 400 if its constraint cannot be enforced)."""
+        constraint = constraint_of(params)
+        return None if constraint is None else self.model.guidance.guide(constraint)
+
     def count_tokens(self, text: str) -> int:
         return len(self.codec.encode(text))
 
@@ -155,11 +167,12 @@ class AsyncEngine:
 
     # ---- requests ---------------------------------------------------------
     def prepare(self, *, prompt: str | None = None, messages: list[dict[str, Any]] | None = None,
-                params: SamplingParams | None = None) -> tuple[list[int], SamplingParams]:
+                params: SamplingParams | None = None,
+                tools: list[Tool] | None = None) -> tuple[list[int], SamplingParams]:
         """Tokenize and check a request against the context window before it is queued."""
         params = params or SamplingParams()
         if messages is not None:
-            ids = self.codec.encode(self.codec.render_chat(messages), add_special_tokens=False)
+            ids = self.codec.encode(self.codec.render_chat(messages, tools=tools), add_special_tokens=False)
         elif isinstance(prompt, str):
             ids = self.codec.encode(prompt)
         else:
@@ -189,21 +202,23 @@ class AsyncEngine:
         return ids, params
 
     def submit(self, *, prompt: str | None = None, messages: list[dict[str, Any]] | None = None,
-               params: SamplingParams | None = None, request_id: str | None = None) -> RequestHandle:
+               params: SamplingParams | None = None, request_id: str | None = None,
+               tools: list[Tool] | None = None) -> RequestHandle:
         problem = self.health()
         if problem is not None:
             raise Unavailable(f"the engine cannot take requests now: {problem}",
                               retry_after=int(self.watchdog.backoff()) + 1, code="engine_unavailable")
-        ids, params = self.prepare(prompt=prompt, messages=messages, params=params)
+        ids, params = self.prepare(prompt=prompt, messages=messages, params=params, tools=tools)
         if len(self.core.waiting) >= self.max_queue:
             raise Overloaded(f"the queue is full ({self.max_queue} requests waiting); retry shortly")
+        guide = self.guide_for(params)
         timeout = params.timeout if params.timeout is not None else self.timeout
         handle = RequestHandle(self, request_id or f"req-{uuid.uuid4().hex[:24]}", len(ids), timeout or None)
         loop = asyncio.get_running_loop()
         queue = handle.queue
         seq = Sequence(id=handle.id, prompt_ids=ids, params=params, model=self.model_id,
                        sink=lambda ev: loop.call_soon_threadsafe(queue.put_nowait, ev),
-                       detok=IncrementalDetokenizer(self.codec.decode))
+                       detok=IncrementalDetokenizer(self.codec.decode), guide=guide)
         self.core.add(seq)
         return handle
 

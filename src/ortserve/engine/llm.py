@@ -52,7 +52,8 @@ class LLM:
         kw: dict[str, Any] = {"messages": prompt} if isinstance(prompt, list) else {"prompt": prompt}
         ids, params = self.engine.prepare(params=params, **kw)
         seq = Sequence(id=f"req-{uuid.uuid4().hex[:16]}", prompt_ids=ids, params=params, sink=sink,
-                       model=self.engine.model_id, detok=IncrementalDetokenizer(self.engine.codec.decode))
+                       model=self.engine.model_id, detok=IncrementalDetokenizer(self.engine.codec.decode),
+                       guide=self.engine.guide_for(params))
         self.core.add(seq)
         return seq.id
 

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ortserve.engine.detokenize import IncrementalDetokenizer, StopMatcher
+from ortserve.engine.guidance import Guide
 from ortserve.engine.sampler import make_rng
 from ortserve.types import Metrics, SamplingParams, TokenEvent
 
@@ -32,6 +33,7 @@ class Sequence:
     preempted: int = 0              # times it gave its row back under KV pressure
     aborted: bool = False
     finished: bool = False
+    guide: Guide | None = None      # grammar state when the output is constrained (engine/guidance.py)
 
     def __post_init__(self) -> None:
         self.rng = make_rng(self.params.seed)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from ortserve.engine.tools import Tool, fallback_messages, hf_messages
 from ortserve.errors import InvalidRequest, ModelError
 
 ROLES = ("system", "user", "assistant", "tool", "developer")
@@ -39,26 +41,58 @@ class TextCodec:
     def token_id(self, text: str) -> int | None:
         return self.tokenizer.token_to_id(text)
 
-    def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
-        """Apply the model's own chat template to OpenAI-style messages."""
+    @property
+    def supports_tools(self) -> bool:
+        """Whether the model's template renders the ``tools`` variable itself."""
+        return bool(self.chat_template) and "tools" in (self.chat_template or "")
+
+    def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                    tools: list[Tool] | None = None) -> str:
+        """Apply the model's own chat template to OpenAI-style messages.
+
+        Tools and tool messages go through the template's own ``tools`` support when it has
+        some; otherwise through the documented fallback (tools described in the system prompt).
+        """
         check_messages(messages)
+        uses_tools = bool(tools) or any(m.get("tool_calls") or m["role"] == "tool" for m in messages)
+        extra: dict[str, Any] = {}
+        if uses_tools and self.supports_tools:
+            messages = hf_messages(messages)
+            extra["tools"] = [t.as_openai() for t in tools] if tools else None
+        elif uses_tools:
+            messages = fallback_messages(messages, tools or [])
         if self.chat_template is None:
             text = "".join(f"{m['role']}: {m['content']}\n" for m in messages)
             return text + ("assistant: " if add_generation_prompt else "")
         if self._compiled is None:
-            from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-            env.globals["raise_exception"] = _raise
-            self._compiled = env.from_string(self.chat_template)
+            self._compiled = template_env().from_string(self.chat_template)
         try:
             return str(self._compiled.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                             bos_token=self.bos_token or "", eos_token=self.eos_token or ""))
+                                             bos_token=self.bos_token or "", eos_token=self.eos_token or "",
+                                             **extra))
         except InvalidRequest:
             raise
         except Exception as exc:  # any error raised while rendering is the template's answer
             raise InvalidRequest(f"chat template failed to render these messages: {type(exc).__name__}: {exc}",
                                  param="messages", code="chat_template_error") from exc
+
+
+def template_env() -> Any:
+    """A sandboxed jinja2 environment with what Hugging Face chat templates use (no transformers)."""
+    from jinja2.ext import loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env.globals["raise_exception"] = _raise
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    env.filters["tojson"] = _tojson
+    return env
+
+
+def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+    # as transformers does it: no HTML escaping (a prompt is not HTML), indent/sort_keys options
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
 def check_messages(messages: Any) -> None:
@@ -68,6 +102,12 @@ def check_messages(messages: Any) -> None:
         if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
             raise InvalidRequest(f"messages[{i}] needs a role ({', '.join(ROLES)}) and string content",
                                  param=f"messages[{i}]")
+        calls = m.get("tool_calls")
+        if calls is not None and (m["role"] != "assistant" or not isinstance(calls, list) or not all(
+                isinstance(c, dict) and isinstance(c.get("function"), dict)
+                and isinstance(c["function"].get("name"), str) for c in calls)):
+            raise InvalidRequest(f"messages[{i}].tool_calls must be a list of assistant function calls",
+                                 param=f"messages[{i}].tool_calls")
 
 
 def _raise(message: str) -> None:

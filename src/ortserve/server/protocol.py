@@ -27,11 +27,12 @@ from ortserve.types import SamplingParams
 # OpenAI fields with no local meaning: accepted, dropped, listed in docs/api-fields.md.
 OPENAI_IGNORED = frozenset({"user", "service_tier", "prompt_cache_key", "safety_identifier"})
 
-_TOOLS = "tool calling is not available in this build"
+_TOOLS = "tools and functions are served on /v1/chat/completions"
+TOOL_FIELDS = ("tools", "tool_choice", "parallel_tool_calls", "functions", "function_call")
 # Fields that would change the answer but that ortserve does not do. Value: why, for the 400.
 OPENAI_REFUSED: dict[str, str] = {
     "tools": _TOOLS, "tool_choice": _TOOLS, "parallel_tool_calls": _TOOLS,
-    "functions": _TOOLS + " (legacy functions)", "function_call": _TOOLS + " (legacy functions)",
+    "functions": _TOOLS, "function_call": _TOOLS,
     "top_logprobs": "logprobs are not supported",
     "audio": "audio output is not supported",
     "prediction": "predicted outputs are not supported",
@@ -84,11 +85,13 @@ class _Contract(BaseModel):
 class Message(_Contract):
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: str | list[dict[str, Any]] | None = ""
+    tool_calls: list[dict[str, Any]] | None = None  # assistant: the calls it made
+    tool_call_id: str | None = None                 # tool: the call this result answers
     # What the openai client echoes back on assistant messages (null or empty): accepted as such.
     IGNORED: ClassVar[frozenset[str]] = frozenset({"annotations"})
     REFUSED: ClassVar[dict[str, str]] = {
         "name": "participant names are not part of the served models' chat templates",
-        "tool_calls": _TOOLS, "tool_call_id": _TOOLS, "function_call": _TOOLS,
+        "function_call": "legacy function_call history is not supported; send tool_calls",
         "audio": "audio is not supported", "refusal": "refusal messages are not supported",
     }
 
@@ -102,12 +105,27 @@ class Message(_Contract):
                     raise ValueError(f"content parts of type {kind!r} are not supported (text only)")
         return parts
 
-    def plain(self) -> dict[str, str]:
+    @field_validator("tool_calls")
+    @classmethod
+    def _function_calls(cls, calls: Any) -> Any:
+        for c in calls or []:
+            fn = c.get("function")
+            if c.get("type", "function") != "function" or not isinstance(fn, dict) \
+                    or not isinstance(fn.get("name"), str) or not isinstance(fn.get("arguments", ""), str):
+                raise ValueError("each tool call needs type 'function' and function {name, arguments (a JSON string)}")
+        return calls
+
+    def plain(self) -> dict[str, Any]:
         content = self.content
         if isinstance(content, list):  # OpenAI content parts: all text (checked above)
             content = "".join(p["text"] for p in content)
         role = "system" if self.role == "developer" else self.role
-        return {"role": role, "content": content or ""}
+        out: dict[str, Any] = {"role": role, "content": content or ""}
+        if self.tool_calls is not None:
+            out["tool_calls"] = self.tool_calls
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        return out
 
 
 def _check_messages(data: Any) -> Any:
@@ -171,6 +189,7 @@ class SeedChatRequest(_Sampling):
 
     messages: list[Message] = Field(min_length=1)
     stream: bool | None = None  # must agree with the route: /v1/chat/stream streams, /v1/chat does not
+    response_format: dict[str, Any] | None = None
     default_temperature: ClassVar[float] = 0.7
 
     def check_stream(self, streaming: bool) -> None:
@@ -203,8 +222,14 @@ class ChatCompletionRequest(_Sampling):
     metadata: dict[str, Any] | None = None  # routing hints (privacy, local_only, complexity...)
     store: bool | None = None
     modalities: list[str] | None = None
-    response_format: dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None  # text | json_object | json_schema (server/structured.py)
+    tools: list[Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    functions: list[Any] | None = None             # legacy: mapped onto tools
+    function_call: str | dict[str, Any] | None = None
     IGNORED: ClassVar[frozenset[str]] = OPENAI_IGNORED
+    REFUSED: ClassVar[dict[str, str]] = {k: v for k, v in OPENAI_REFUSED.items() if k not in TOOL_FIELDS}
 
     @model_validator(mode="before")
     @classmethod
@@ -232,13 +257,6 @@ class ChatCompletionRequest(_Sampling):
             raise ValueError("only the text modality is supported by ortserve")
         return v
 
-    @field_validator("response_format")
-    @classmethod
-    def _text_format(cls, v: Any) -> Any:
-        if v is not None and v != {"type": "text"}:
-            raise ValueError(f"response_format {v.get('type')!r} is not supported by ortserve (text only)")
-        return v
-
     def plain_messages(self) -> list[dict[str, str]]:
         return [m.plain() for m in self.messages]
 
@@ -256,6 +274,7 @@ class CompletionRequest(_Sampling):
     logprobs: int | None = None
     suffix: str | None = None
     max_tokens: int | None = 16  # OpenAI's default for completions
+    response_format: dict[str, Any] | None = None
     IGNORED: ClassVar[frozenset[str]] = OPENAI_IGNORED
 
     @field_validator("logprobs", "suffix")

@@ -17,6 +17,14 @@ from ortserve.server.routes_routed import routed_chat, wants_router
 from ortserve.server.routes_seed import state_of
 from ortserve.server.service import collect, engine_error, submit_n, usage
 from ortserve.server.sse import SSE_HEADERS, merge, sse, unless_disconnected
+from ortserve.server.structured import (
+    ToolPlan,
+    constrain,
+    delta_of,
+    message_of,
+    plan_tools,
+    response_constraint,
+)
 from ortserve.telemetry import span_of
 from ortserve.types import SamplingParams
 
@@ -64,24 +72,28 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     span.set(model=model, provider="local", execution_provider=engine.model.choice.device)
     params = body.to_sampling_params(st.settings.default_max_tokens, st.settings.max_tokens_cap,
                                      body.effective_max_tokens())
-    handles = submit_n(engine, body.n, params, messages=body.plain_messages())
+    plan = plan_tools(body)
+    params = constrain(engine, params, response_constraint(body.response_format), plan)
+    handles = submit_n(engine, body.n, params, messages=body.plain_messages(),
+                       tools=plan.prompt_tools() if plan else None)
     rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        chunks = _chat_chunks(st, handles, rid, created, model, include_usage, span)
+        chunks = _chat_chunks(st, handles, rid, created, model, include_usage, span, plan)
         return StreamingResponse(chunks, media_type="text/event-stream", headers=SSE_HEADERS)
     answers = await unless_disconnected(request, asyncio.gather(*(collect(h) for h in handles)))
-    for a in answers:
+    choices = []
+    for i, a in enumerate(answers):
         st.record(span, a.metrics, a.finish_reason)
+        message, finish = message_of(a.text, a.finish_reason, plan)
+        choices.append({"index": i, "message": message, "logprobs": None, "finish_reason": finish})
     return {"id": rid, "object": "chat.completion", "created": created, "model": model,
-            "system_fingerprint": None,
-            "choices": [{"index": i, "message": {"role": "assistant", "content": a.text},
-                         "logprobs": None, "finish_reason": a.finish_reason} for i, a in enumerate(answers)],
+            "system_fingerprint": None, "choices": choices,
             "usage": usage(handles[0].input_tokens, [a.metrics for a in answers])}
 
 
 async def _chat_chunks(st: Any, handles: list[RequestHandle], rid: str, created: int, model: str,
-                       include_usage: bool, span: Any) -> AsyncIterator[str]:
+                       include_usage: bool, span: Any, plan: ToolPlan | None = None) -> AsyncIterator[str]:
     base = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
             "system_fingerprint": None}
     extra = {"usage": None} if include_usage else {}
@@ -89,18 +101,29 @@ async def _chat_chunks(st: Any, handles: list[RequestHandle], rid: str, created:
         yield sse({**base, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
                                         "logprobs": None, "finish_reason": None}], **extra})
     finals = []
+    parsers = [plan.parser() if plan else None for _ in handles]
+    legacy = bool(plan and plan.legacy)
     async for i, ev in merge(*handles):
         if ev.finish_reason == "error":
             yield sse(engine_error(ev).to_openai())
             return
-        if ev.text:
-            yield sse({**base, "choices": [{"index": i, "delta": {"content": ev.text}, "logprobs": None,
+        parser = parsers[i]
+        if parser is None:
+            deltas = [{"content": ev.text}] if ev.text else []
+        else:  # tool calls: their arguments go out as they are generated
+            pieces = parser.feed(ev.text) + (parser.finish() if ev.finished else [])
+            deltas = [delta_of(d, legacy) for d in pieces if d.index >= 0 or d.content]
+        for delta in deltas:
+            yield sse({**base, "choices": [{"index": i, "delta": delta, "logprobs": None,
                                             "finish_reason": None}], **extra})
         if ev.finished:
             st.record(span, ev.metrics, ev.finish_reason)
             finals.append(ev.metrics)
+            finish = ev.finish_reason
+            if parser is not None and parser.calls and finish == "stop":
+                finish = "function_call" if legacy else "tool_calls"
             yield sse({**base, "choices": [{"index": i, "delta": {}, "logprobs": None,
-                                            "finish_reason": ev.finish_reason}], **extra})
+                                            "finish_reason": finish}], **extra})
     if include_usage:
         yield sse({**base, "choices": [], "usage": usage(handles[0].input_tokens, finals)})
     yield sse("[DONE]")
@@ -114,6 +137,7 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
     span = span_of(request)
     span.set(model=model, provider="local", execution_provider=engine.model.choice.device)
     params: SamplingParams = body.to_sampling_params(st.settings.default_max_tokens, st.settings.max_tokens_cap)
+    params = constrain(engine, params, response_constraint(body.response_format))
     prompts = body.prompts()
     handles: list[RequestHandle] = []
     try:

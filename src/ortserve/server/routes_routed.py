@@ -29,6 +29,10 @@ def wants_router(st: ServerState, model: str | None, served: str) -> bool:
 async def routed_chat(body: ChatCompletionRequest, request: Request, st: ServerState, span: Any) -> Any:
     if body.n != 1:
         raise InvalidRequest("n > 1 is not supported for routed requests", param="n")
+    for name in ("tools", "tool_choice", "functions", "function_call", "response_format"):
+        if getattr(body, name) is not None:  # refused, not dropped: the router does not carry them yet
+            raise InvalidRequest(f"'{name}' is served by the local model only; not yet passed through the "
+                                 "router to cloud providers", param=name)
     params = body.to_sampling_params(st.settings.default_max_tokens, st.settings.max_tokens_cap,
                                      body.effective_max_tokens())
     rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())

@@ -14,6 +14,7 @@ from ortserve.server.protocol import SeedChatRequest
 from ortserve.server.service import collect
 from ortserve.server.sse import SSE_HEADERS, sse, unless_disconnected
 from ortserve.server.state import ServerState
+from ortserve.server.structured import constrain, response_constraint
 from ortserve.telemetry import span_of
 
 router = APIRouter()
@@ -60,6 +61,7 @@ async def _submit(body: SeedChatRequest, request: Request,
     st = state_of(request)
     engine = await st.engine_for(body.model, body.keep_alive)
     params = body.to_sampling_params(st.settings.default_max_tokens, st.settings.max_tokens_cap)
+    params = constrain(engine, params, response_constraint(body.response_format))
     span = span_of(request)
     span.set(model=engine.model_id, provider="local", execution_provider=engine.model.choice.device)
     return st, span, engine.submit(messages=body.plain_messages(), params=params)

@@ -1,0 +1,185 @@
+"""Constrained decoding with llguidance: a token mask per step from a JSON schema, a regex
+or a Lark grammar, applied to the logits before sampling.
+
+``Guidance`` belongs to one loaded model (its tokenizer, built once, lazily) and caches
+compiled grammars by content hash; ``Guide`` is one sequence's matcher. The engine loop
+asks every guided row's mask in one parallel call (``fill_masks``) while the decode step
+runs, so constrained rows do not stall the batch. No torch: the numpy bitmask helpers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ortserve.errors import InvalidRequest
+
+# JSON the way a person writes it on one line: no free whitespace, so a model cannot pad
+# forever, and the output is stable for the tool-call parser.
+JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+KINDS = ("json_schema", "regex", "grammar")
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """What the output must match: kind is one of KINDS; text is the schema (JSON text),
+    the regex or the Lark grammar. ``param`` names the request field for error messages."""
+
+    kind: str
+    text: str
+    param: str = "response_format"
+
+    @classmethod
+    def json_schema(cls, schema: Any, param: str = "response_format") -> Constraint:
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except ValueError as exc:
+                raise InvalidRequest(f"the JSON schema is not valid JSON: {exc}", param=param) from exc
+        if isinstance(schema, bool):
+            schema = {} if schema else {"not": {}}
+        if not isinstance(schema, dict):
+            raise InvalidRequest("the JSON schema must be an object", param=param)
+        return cls("json_schema", json.dumps(schema), param)
+
+    def key(self) -> str:
+        return hashlib.sha256(f"{self.kind}\0{self.text}".encode()).hexdigest()
+
+    def lark(self) -> str:
+        """The constraint as an llguidance grammar (JSON schemas get the one-line JSON style)."""
+        import llguidance
+
+        if self.kind == "json_schema":
+            schema = json.loads(self.text)
+            schema.setdefault("x-guidance", JSON_STYLE)
+            return str(llguidance.LLMatcher.grammar_from_json_schema(schema))
+        if self.kind == "regex":
+            return str(llguidance.LLMatcher.grammar_from_regex(self.text))
+        return str(llguidance.LLMatcher.grammar_from_lark(self.text))
+
+
+def schema_lark(schema: dict[str, Any]) -> str:
+    """A JSON schema as a Lark ``%json`` body, in the one-line style (for embedding in rules)."""
+    schema = dict(schema)
+    schema.setdefault("x-guidance", JSON_STYLE)
+    return "%json " + json.dumps(schema)
+
+
+class Guidance:
+    """The grammar side of one model: tokenizer, compiled-grammar cache, parallel executor."""
+
+    def __init__(self, tokenizer_json: Path, vocab_size: int, eos_ids: tuple[int, ...],
+                 cache_size: int = 256) -> None:
+        self._path = tokenizer_json
+        self.vocab_size = vocab_size
+        self.eos_ids = eos_ids
+        self._lock = threading.Lock()
+        self._tok: Any = None
+        self._executor: Any = None
+        self._cache: OrderedDict[str, Any] = OrderedDict()
+        self._cache_size = cache_size
+        self.compiles = 0
+        self.hits = 0
+
+    @property
+    def tokenizer(self) -> Any:
+        with self._lock:
+            if self._tok is None:
+                import llguidance
+
+                self._tok = llguidance.LLTokenizer(self._path.read_text(encoding="utf-8"),
+                                                   n_vocab=self.vocab_size, eos_token=list(self.eos_ids))
+                self._executor = llguidance.LLExecutor()
+            return self._tok
+
+    def guide(self, constraint: Constraint) -> Guide:
+        """A fresh matcher for one sequence; compiling once per distinct grammar."""
+        import llguidance
+
+        key = constraint.key()
+        tok = self.tokenizer
+        with self._lock:
+            proto = self._cache.get(key)
+            if proto is not None:
+                self._cache.move_to_end(key)
+                self.hits += 1
+        if proto is None:
+            try:
+                grammar = constraint.lark()
+            except (ValueError, TypeError) as exc:
+                raise InvalidRequest(f"cannot use this {_what(constraint)}: {exc}", param=constraint.param) from exc
+            bad, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, tok)
+            if bad:
+                raise InvalidRequest(f"cannot enforce this {_what(constraint)}: {'; '.join(messages)}",
+                                     param=constraint.param)
+            proto = llguidance.LLMatcher(tok, grammar)
+            if proto.is_error():
+                raise InvalidRequest(f"cannot enforce this {_what(constraint)}: {proto.get_error()}",
+                                     param=constraint.param)
+            with self._lock:
+                self.compiles += 1
+                self._cache[key] = proto
+                while len(self._cache) > self._cache_size:
+                    self._cache.popitem(last=False)
+        return Guide(proto.deep_copy(), self.vocab_size)
+
+    def fill_masks(self, guides: list[tuple[Guide, int]], out: np.ndarray) -> None:
+        """Write each guide's next-token mask into row ``i`` of ``out`` (in parallel threads)."""
+        from llguidance.numpy import fill_next_token_bitmask_par
+
+        fill_next_token_bitmask_par(self._executor, [(g.matcher, i) for g, i in guides], out)
+
+
+class Guide:
+    """One sequence's grammar state: mask the logits, then consume the sampled token."""
+
+    def __init__(self, matcher: Any, vocab_size: int) -> None:
+        self.matcher = matcher
+        self.vocab_size = vocab_size
+
+    def compute_mask(self, out: np.ndarray) -> None:
+        from llguidance.numpy import fill_next_token_bitmask
+
+        fill_next_token_bitmask(self.matcher, out.reshape(1, -1))
+
+    def consume(self, token: int) -> None:
+        if not self.matcher.consume_token(token):
+            raise RuntimeError(f"grammar rejected token {token}: {self.matcher.get_error()}")
+
+    @property
+    def stopped(self) -> bool:
+        return bool(self.matcher.is_stopped())
+
+
+def allocate_masks(rows: int, vocab_size: int) -> np.ndarray:
+    return np.full((rows, (vocab_size + 31) // 32), -1, dtype=np.int32)
+
+
+def apply_mask(logits: np.ndarray, mask: np.ndarray) -> None:
+    """Set the logits of tokens the mask forbids to -inf, in place (1-D logits)."""
+    allowed = np.unpackbits(mask.view(np.uint8), bitorder="little").view(bool)
+    n = min(logits.shape[-1], allowed.size)
+    logits[:n][~allowed[:n]] = -np.inf
+    logits[n:] = -np.inf
+
+
+def _what(c: Constraint) -> str:
+    return {"json_schema": "JSON schema", "regex": "regex", "grammar": "grammar"}[c.kind]
+
+
+def constraint_of(params: Any) -> Constraint | None:
+    """The constraint a SamplingParams asks for (json_schema, regex or grammar), if any."""
+    if params.json_schema is not None:
+        return Constraint.json_schema(params.json_schema, param="json_schema")
+    if params.regex is not None:
+        return Constraint("regex", params.regex, "regex")
+    if params.grammar is not None:
+        return Constraint("grammar", params.grammar, "grammar")
+    return None
