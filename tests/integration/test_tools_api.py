@@ -144,10 +144,10 @@ def test_round_trip_call_result_answer(client: OpenAI, stream: bool) -> None:
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_json_object(client: OpenAI, stream: bool) -> None:
-    kw = {"messages": [{"role": "user", "content": "Describe a cat in JSON."}], "temperature": 0, "max_tokens": 100,
+    kw = {"messages": [{"role": "user", "content": "Give a JSON object with the name and age of a cat."}], "temperature": 0, "max_tokens": 100,
               "response_format": {"type": "json_object"}}
     r = _stream(client, **kw)[0] if stream else client.chat.completions.create(model="default", **kw)
-    assert r.choices[0].finish_reason == "stop"
+    assert r.choices[0].finish_reason == "stop", r.choices[0].message.content
     assert isinstance(json.loads(r.choices[0].message.content), dict)
 
 
