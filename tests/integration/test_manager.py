@@ -152,3 +152,18 @@ def test_ps_load_unload_through_the_cli(home: Path, tiny_model: Path) -> None:
         assert r.returncode == 1 and "pinned" in r.stderr
         r = cli("ps", key="wrong")
         assert r.returncode == 1 and "401" in r.stderr
+
+
+def test_a_routing_rule_can_target_any_store_model(home: Path, tiny_model: Path, tmp_path: Path) -> None:
+    config = tmp_path / "route.toml"
+    config.write_text('defaultProvider = "local"\n[providers.local]\ntype = "local"\n'
+                      '[[routing.rules]]\ncondition = { agentType = "coder" }\n'
+                      f'action = {{ provider = "local", model = "{B}" }}\nreason = "coders get tiny-b"\n',
+                      encoding="utf-8")
+    with ServerThread(tiny_model, home=home, router_config=config) as srv:
+        body = {"model": "auto", "messages": MSG, "max_tokens": 4, "metadata": {"agent_type": "coder"}}
+        r = httpx.post(f"{srv.url}/v1/chat/completions", json=body, timeout=60)
+        assert r.status_code == 200 and r.headers["x-ortserve-model"] == B and r.json()["model"] == B
+        assert B in loaded(srv)
+        plain = httpx.post(f"{srv.url}/v1/chat/completions", json={**body, "metadata": {}}, timeout=60)
+        assert plain.status_code == 200 and plain.headers["x-ortserve-model"] == "tiny"
