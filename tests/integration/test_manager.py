@@ -6,6 +6,7 @@ from __future__ import annotations
 import concurrent.futures
 import math
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -17,7 +18,7 @@ from tests.servers import ServerThread
 
 from ortserve.config import load_settings
 from ortserve.models.store import ModelStore
-from ortserve.server.manager import chat_estimate
+from ortserve.server.manager import chat_estimate, weights_bytes
 
 A, B = "tiny-a:fp32-cpu", "tiny-b:fp32-cpu"
 MSG = [{"role": "user", "content": "Say hi"}]
@@ -25,17 +26,33 @@ MSG = [{"role": "user", "content": "Say hi"}]
 
 @pytest.fixture(scope="module")
 def home(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Path:
-    """A store holding the tiny model twice (linked, not copied) as tiny-a and tiny-b."""
+    """A store holding copies of the tiny model as tiny-a and tiny-b, and tiny-same: a link to
+    the very directory the servers below start with."""
     home = tmp_path_factory.mktemp("manager-home")
     store = ModelStore(home / "models")
+
+    def copy(tmp: Path) -> dict[str, str]:
+        shutil.copytree(tiny_model, tmp, dirs_exist_ok=True)
+        return {"precision": "fp32", "device": "cpu"}
+
     for name in ("tiny-a", "tiny-b"):
-        store.install(name, "fp32-cpu", lambda _tmp: {"precision": "fp32", "device": "cpu", "link": str(tiny_model)})
+        store.install(name, "fp32-cpu", copy)
+    store.install("tiny-same", "fp32-cpu", lambda _tmp: {"precision": "fp32", "device": "cpu",
+                                                         "link": str(tiny_model)})
     return home
 
 
 @pytest.fixture(scope="module")
 def model_mb(tiny_model: Path) -> float:
+    """What an on-demand tiny model plans (and is capped at): weights + KV of max_batch x 512 tokens."""
     return chat_estimate(load_settings())(tiny_model) / (1 << 20)
+
+
+@pytest.fixture(scope="module")
+def pinned_mb(home: Path, tiny_model: Path) -> float:
+    """What the pinned start model holds: weights + the engine's own KV budget."""
+    with ServerThread(tiny_model, home=home) as srv:
+        return ps(srv)["models"][0]["memory_bytes"] / (1 << 20)
 
 
 def chat(srv: ServerThread, model: str, **extra: object) -> httpx.Response:
@@ -72,6 +89,9 @@ def test_two_store_models_served_by_one_server(home: Path, tiny_model: Path) -> 
         assert rows[A]["requests"] == 2 and rows[B]["requests"] == 1 and rows["tiny"]["pinned"]
         models = {m["id"]: m for m in httpx.get(f"{srv.url}/v1/models").json()["data"]}
         assert models["tiny"]["loaded"] and models[A]["loaded"] and models[B]["loaded"]
+        assert "tiny-same:fp32-cpu" not in models  # the pinned model's own directory: listed once, as "tiny"
+        same = chat(srv, "tiny-same")
+        assert same.status_code == 200 and same.json()["model"] == "tiny" and ps(srv)["loads_total"]["tiny"] == 1
         metrics = httpx.get(f"{srv.url}/metrics").text
         assert f'ortserve_model_loaded{{kind="chat",model="{A}"}} 1.0' in metrics
         assert f'ortserve_model_requests_total{{model="{B}"}} 1.0' in metrics
@@ -95,8 +115,8 @@ def test_keep_alive_unloads_and_next_request_reloads(home: Path, tiny_model: Pat
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "keep_alive"
 
 
-def test_eviction_under_a_small_budget(home: Path, tiny_model: Path, model_mb: float) -> None:
-    budget = math.ceil(model_mb * 2.5)  # the pinned model and one more, not two more
+def test_eviction_under_a_small_budget(home: Path, tiny_model: Path, model_mb: float, pinned_mb: float) -> None:
+    budget = math.ceil(pinned_mb + model_mb * 1.5)  # the pinned model and one more, not two more
     with ServerThread(tiny_model, home=home, memory_budget_mb=budget) as srv:
         assert chat(srv, A).status_code == 200
         assert chat(srv, B).status_code == 200
@@ -104,6 +124,8 @@ def test_eviction_under_a_small_budget(home: Path, tiny_model: Path, model_mb: f
         assert chat(srv, A).status_code == 200
         assert loaded(srv) == ["tiny", A]
         assert ps(srv)["used_bytes"] <= budget << 20
+        engine_a = srv.state.manager.slots[A].obj
+        assert engine_a.kv_budget == math.ceil((model_mb * (1 << 20) - weights_bytes(tiny_model)) / (1 << 20)) << 20
 
 
 def test_concurrent_first_requests_share_one_load(home: Path, tiny_model: Path) -> None:
@@ -113,8 +135,9 @@ def test_concurrent_first_requests_share_one_load(home: Path, tiny_model: Path) 
         assert ps(srv)["loads_total"] == {"tiny": 1, B: 1}
 
 
-def test_a_model_too_large_for_the_budget_is_refused(home: Path, tiny_model: Path, model_mb: float) -> None:
-    with ServerThread(tiny_model, home=home, memory_budget_mb=math.ceil(model_mb * 1.5)) as srv:
+def test_a_model_too_large_for_the_budget_is_refused(home: Path, tiny_model: Path, model_mb: float,
+                                                     pinned_mb: float) -> None:
+    with ServerThread(tiny_model, home=home, memory_budget_mb=math.ceil(pinned_mb + model_mb * 0.5)) as srv:
         r = chat(srv, A)
         err = r.json()["error"]
         assert r.status_code == 507 and err["param"] == "model" and err["code"] == "model_too_large"

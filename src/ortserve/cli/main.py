@@ -38,6 +38,10 @@ def cli() -> None:
 @click.option("--max-body-bytes", type=int, default=None, help="Bodies larger than this get 413")
 @click.option("--max-tokens-cap", type=int, default=None, help="Largest max_tokens a request may ask")
 @click.option("--default-max-tokens", type=int, default=None, help="max_tokens when a request gives none")
+@click.option("--keep-alive", type=float, default=None,
+              help="Seconds an idle on-demand model stays loaded (0 = unload after each request, -1 = never)")
+@click.option("--memory-budget-mb", type=int, default=None, help="Memory for all loaded models (0 = 80% of RAM)")
+@click.option("--load-wait", type=float, default=None, help="Seconds a request waits for a model load before 503")
 @click.option("--router-config", default=None, help="Routing config file (JSON/TOML)")
 @click.option("--telemetry/--no-telemetry", default=None, help="Write OpenTelemetry files")
 @click.option("--telemetry-dir", default=None, help="Directory for telemetry files (implies --telemetry)")

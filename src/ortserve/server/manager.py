@@ -16,6 +16,7 @@ embedding models through :meth:`ModelManager.register_kind`.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import math
@@ -97,16 +98,23 @@ def chat_estimate(settings: Any, kv_tokens: int = 512) -> Estimator:
     ``kv_tokens`` (the cache grows on demand, so this is what a busy model commonly holds)."""
 
     def estimate(model_dir: Path) -> int:
-        size = weights_bytes(model_dir)
-        try:
-            dec = json.loads((Path(model_dir) / "genai_config.json").read_text(encoding="utf-8"))["model"]["decoder"]
-            per_token = 2 * int(dec["num_hidden_layers"]) * int(dec["num_key_value_heads"]) * int(dec["head_size"])
-            size += per_token * 4 * int(getattr(settings, "max_batch", 16)) * kv_tokens
-        except (OSError, KeyError, TypeError, ValueError):
-            pass
-        return size
+        return weights_bytes(model_dir) + kv_cap_bytes(settings, model_dir, kv_tokens)
 
     return estimate
+
+
+def kv_cap_bytes(settings: Any, model_dir: Path, kv_tokens: int = 512) -> int:
+    """The KV cache an on-demand model may use: kv_cache_mb when set, else max_batch sequences of
+    ``kv_tokens`` (fp32). The manager loads on-demand models with exactly this cap."""
+    mb = int(getattr(settings, "kv_cache_mb", 0) or 0)
+    if mb:
+        return mb * MB
+    try:
+        dec = json.loads((Path(model_dir) / "genai_config.json").read_text(encoding="utf-8"))["model"]["decoder"]
+        per_token = 2 * int(dec["num_hidden_layers"]) * int(dec["num_key_value_heads"]) * int(dec["head_size"])
+    except (OSError, KeyError, TypeError, ValueError):
+        return 0
+    return per_token * 4 * int(getattr(settings, "max_batch", 16)) * kv_tokens
 
 
 def default_budget(settings: Any) -> int:
@@ -193,10 +201,16 @@ class ModelManager:
         """A kind of model: ``loader(dir, id)`` builds it (in a thread), ``estimate(dir)`` sizes it."""
         self.kinds[kind] = (loader, estimate)
 
-    def _load_engine(self, model_dir: Path, model_id: str) -> Any:
+    def _load_engine(self, model_dir: Path, model_id: str, capped: bool = True) -> Any:
+        """An engine; on-demand ones (capped) get a KV cache cap equal to their planned share,
+        so the budget holds. The pinned start model keeps the engine's own KV budget."""
         from ortserve.engine import AsyncEngine
 
-        return AsyncEngine.load(model_dir, self.settings, model_id)
+        settings = self.settings
+        if capped and not int(getattr(settings, "kv_cache_mb", 0) or 0) and hasattr(settings, "model_copy"):
+            cap_mb = max(1, math.ceil(kv_cap_bytes(settings, model_dir) / MB))
+            settings = settings.model_copy(update={"kv_cache_mb": cap_mb})
+        return AsyncEngine.load(model_dir, settings, model_id)
 
     @property
     def keep_alive_default(self) -> float:
@@ -213,6 +227,7 @@ class ModelManager:
         await obj.start()
         slot = Slot(id=model_id, kind=kind, dir=Path(model_dir), planned_bytes=self._estimate(kind, model_dir),
                     pinned=pinned, obj=obj, loaded_at=time.time(), loads=1)
+        self._measure(slot)
         self.slots[model_id] = slot
         if pinned and kind == "chat" and self.default_id is None:
             self.default_id = model_id
@@ -247,6 +262,10 @@ class ModelManager:
         if slot is not None:
             return slot
         model_dir, sid2 = self._resolve_dir(name or "", sid)
+        same = self._slot_of_dir(model_dir)
+        if same is not None:  # e.g. "model:variant" of the model the server started with
+            self.aliases[name or ""] = same.id
+            return same
         async with self._admit:
             slot = self.slots.get(sid2)
             if slot is None:
@@ -272,6 +291,10 @@ class ModelManager:
             return default.id
         return name
 
+    def _slot_of_dir(self, model_dir: Path) -> Slot | None:
+        want = Path(model_dir).resolve()
+        return next((s for s in self.slots.values() if s.dir.resolve() == want), None)
+
     def _resolve_dir(self, name: str, sid: str) -> tuple[Path, str]:
         if sid in self.slots:
             return self.slots[sid].dir, sid
@@ -295,6 +318,10 @@ class ModelManager:
                            f"see GET /v1/models", param="model", code="model_not_found") from None
         except OrtServeError as exc:
             raise InvalidRequest(exc.message, param="model", code="model_not_found") from None
+        found = getattr(res.variant, "kind", None) or "chat"
+        if found not in ("chat", "llm", "causal-lm"):
+            raise InvalidRequest(f"'{name}' is a {found} model, not a chat model", param="model",
+                                 code="wrong_model_kind")
         return res.path, res.model_id
 
     def _estimate(self, kind: str, model_dir: Path | str) -> int:
@@ -324,6 +351,8 @@ class ModelManager:
 
     async def _load(self, slot: Slot) -> Any:
         loader, _ = self.kinds[slot.kind]
+        if loader == self._load_engine and slot.pinned:
+            loader = functools.partial(self._load_engine, capped=False)
         before = _rss()
         t0 = time.monotonic()
         try:
@@ -337,6 +366,7 @@ class ModelManager:
             raise Unavailable(f"model '{slot.id}' failed to load: {type(exc).__name__}: {exc}",
                               code="model_load_failed") from exc
         slot.obj, slot.loaded_at, slot.task = obj, time.time(), None
+        self._measure(slot)
         slot.rss_delta = max(0, _rss() - before)
         slot.loads += 1
         self.loads_total[slot.id] = self.loads_total.get(slot.id, 0) + 1
@@ -345,6 +375,12 @@ class ModelManager:
                  slot.planned_bytes / MB)
         self._changed()
         return obj
+
+    def _measure(self, slot: Slot) -> None:
+        """Once loaded, an engine's real KV cap replaces the estimate (the pinned model's may be larger)."""
+        kv = getattr(slot.obj, "kv_budget", None)
+        if isinstance(kv, int) and kv > 0:
+            slot.planned_bytes = weights_bytes(slot.dir) + kv
 
     def _forget(self, slot: Slot, error: str) -> None:
         slot.error = error

@@ -6,6 +6,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -48,15 +49,17 @@ def store_models(st: Any, skip: set[str]) -> list[dict[str, Any]]:
     """Every store variant as an OpenAI model entry, with loaded yes/no from the manager."""
     from ortserve.models.store import ModelStore
 
-    loaded = {r["model"]: r for r in (st.manager.ps() if st.manager is not None else [])}
+    rows = st.manager.ps() if st.manager is not None else []
+    loaded = {r["model"]: r for r in rows}
+    served_dirs = {Path(r["path"]).resolve() for r in rows if r["pinned"]}
     out = []
     for v in ModelStore(st.settings.store_dir).variants():
-        if v.id in skip:
-            continue
+        if v.id in skip or Path(v.model_dir).resolve() in served_dirs:
+            continue  # the pinned model, listed first under the name it was started with
         row = loaded.get(v.id)
         out.append({"id": v.id, "object": "model", "created": int(v.created), "owned_by": "ortserve",
                     "context_length": v.context_length or None, "loaded": bool(row and row["state"] == "loaded"),
-                    "pinned": False, "aliases": v.aliases})
+                    "pinned": False, "aliases": v.aliases, "kind": getattr(v, "kind", None) or "chat"})
     return out
 
 
