@@ -190,3 +190,20 @@ def test_a_routing_rule_can_target_any_store_model(home: Path, tiny_model: Path,
         assert B in loaded(srv)
         plain = httpx.post(f"{srv.url}/v1/chat/completions", json={**body, "metadata": {}}, timeout=60)
         assert plain.status_code == 200 and plain.headers["x-ortserve-model"] == "tiny"
+
+
+def test_embedding_models_share_the_manager(tiny_model: Path, embedding_model: Path, tmp_path: Path) -> None:
+    with ServerThread(tiny_model, rag_dir=tmp_path / "rag", keep_alive=1.0) as srv:
+        def embed() -> httpx.Response:
+            return httpx.post(f"{srv.url}/v1/embeddings", json={"input": "hello"}, timeout=60)
+
+        assert embed().status_code == 200
+        rows = {m["model"]: m for m in ps(srv)["models"]}
+        emb = next(m for m in rows.values() if m["kind"] == "embedding")
+        assert emb["memory_bytes"] > 0 and emb["requests"] == 1
+        assert ps(srv)["used_bytes"] == sum(m["memory_bytes"] for m in rows.values())
+        r = httpx.post(f"{srv.url}/v1/admin/unload", json={"model": emb["model"]}, timeout=30)
+        assert r.status_code == 200 and emb["model"] not in loaded(srv)
+        assert embed().status_code == 200 and emb["model"] in loaded(srv)  # reloaded on use
+        assert wait_for(lambda: emb["model"] not in loaded(srv), 10)  # keep_alive 1 s
+        assert ps(srv)["loads_total"][emb["model"]] == 2

@@ -137,6 +137,7 @@ def _rag_parts(state: ServerState) -> None:
     from ortserve.server.embed_holder import EmbeddingHolder
 
     state.embedder = EmbeddingHolder(ModelStore(state.settings.store_dir), state.settings.embedding_model)
+    state.embedder.manager = state.manager  # embedding models share the chat models' budget and ps
 
 
 def validation_to_error(err: RequestValidationError) -> OrtServeError:

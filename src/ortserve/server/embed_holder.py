@@ -30,6 +30,7 @@ class EmbeddingHolder:
         self.threads = threads
         self._loaded: dict[str, tuple[Variant, Embedder]] = {}
         self._lock = threading.Lock()
+        self.manager: Any = None  # server/manager.ModelManager: budget, keep_alive, ps (issue 20)
 
     def resolve(self, ref: str | None) -> Variant:
         """The embedding variant a request names; 404 unknown, 400 a chat model."""
@@ -49,7 +50,13 @@ class EmbeddingHolder:
         with self._lock:
             v = self.resolve(ref)
             if v.id not in self._loaded:
-                self._loaded[v.id] = (v, Embedder(v.model_dir, threads=self.threads))
+                e = Embedder(v.model_dir, threads=self.threads)
+                self._loaded[v.id] = (v, e)
+                if self.manager is not None:
+                    self.manager.adopt_external(v.id, "embedding", v.model_dir, e.memory_bytes(),
+                                                lambda vid=v.id: self.close(vid))
+            if self.manager is not None:
+                self.manager.touch(v.id)
             return self._loaded[v.id]
 
     async def aget(self, ref: str | None = None) -> tuple[Variant, Embedder]:

@@ -192,6 +192,7 @@ class ModelManager:
         self._resolve = resolve or self._resolve_store
         self._admit = asyncio.Lock()
         self._reaper: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.on_change: list[Callable[[], None]] = []
         self.loads_total: dict[str, int] = {}      # model id -> loads since start (reloads count)
         self.register_kind("chat", self._load_engine, chat_estimate(settings))
@@ -389,6 +390,36 @@ class ModelManager:
         log.error("model %s failed to load: %s", slot.id, error)
         self._changed()
 
+    # ---- models another part loads (the embedding holder) ------------------------------
+    def adopt_external(self, model_id: str, kind: str, model_dir: Path | str, nbytes: int,
+                       close: Callable[[], None]) -> None:
+        """A model loaded outside the manager (the embedding holder, from a worker thread): it
+        shows in ps and /metrics, counts against the budget, obeys keep_alive and can be evicted
+        or unloaded (``close`` drops it). Over budget, idle unpinned models make room."""
+        slot = Slot(id=model_id, kind=kind, dir=Path(model_dir), planned_bytes=int(nbytes),
+                    obj=_External(close), loaded_at=time.time(), loads=1)
+        self.slots[model_id] = slot
+        self.loads_total[model_id] = self.loads_total.get(model_id, 0) + 1
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self._fit(slot)))
+
+    def touch(self, model_id: str) -> None:
+        """A request used an adopted model (thread-safe: plain attribute writes)."""
+        slot = self.slots.get(model_id)
+        if slot is not None:
+            slot.requests += 1
+            slot.last_used = time.monotonic()
+
+    async def _fit(self, newcomer: Slot) -> None:
+        while self.used_bytes() > self.budget:
+            victim = self._lru_victim(exclude=newcomer)
+            if victim is None:
+                log.warning("over the memory budget (%.0f of %.0f MB) with nothing idle to evict",
+                            self.used_bytes() / MB, self.budget / MB)
+                return
+            log.info("evicting %s to make room for %s", victim.id, newcomer.id)
+            await self._unload(victim)
+
     # ---- the budget -------------------------------------------------------------------
     def used_bytes(self) -> int:
         return sum(s.planned_bytes for s in self.slots.values())
@@ -418,8 +449,9 @@ class ModelManager:
                     code="memory_budget_full").with_retry_after(5)
             await asyncio.sleep(0.1)
 
-    def _lru_victim(self) -> Slot | None:
-        idle = [s for s in self.slots.values() if not s.pinned and s.obj is not None and not s.busy()]
+    def _lru_victim(self, exclude: Slot | None = None) -> Slot | None:
+        idle = [s for s in self.slots.values()
+                if not s.pinned and s.obj is not None and not s.busy() and s is not exclude]
         return min(idle, key=lambda s: s.last_used) if idle else None
 
     # ---- unloading --------------------------------------------------------------------
@@ -472,6 +504,7 @@ class ModelManager:
 
     def start(self, period: float = 0.1) -> None:
         if self._reaper is None:
+            self._loop = asyncio.get_running_loop()
             self._reaper = asyncio.ensure_future(self._reap_forever(period))
 
     async def close(self) -> None:
@@ -510,6 +543,22 @@ class ModelManager:
     def _changed(self) -> None:
         for fn in self.on_change:
             fn()
+
+
+class _External:
+    """The managed face of a model another part loaded: stopping it calls its ``close``."""
+
+    def __init__(self, close: Callable[[], None]) -> None:
+        self.close = close
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        await asyncio.to_thread(self.close)
+
+    def busy(self) -> bool:
+        return False
 
 
 def _catalog_aliases(model_id: str) -> set[str]:
