@@ -44,15 +44,22 @@ def messages_for(question: str, system: str | None) -> list[dict[str, str]]:
 @click.option("--provider", default=None,
               help="Answer through the router: local, auto, or a provider from the routing config")
 @click.option("--router-config", default=None, help="Routing config file (JSON/TOML)")
+@click.option("--store", default=None, help="Answer from this vector store (`ortserve rag ls`), citing sources")
+@click.option("--sources", type=int, default=4, show_default=True, help="With --store: chunks given to the model")
 @guarded
 def ask(questions: tuple[str, ...], as_json: bool, provider: str | None, router_config: str | None,
-        **kw: Any) -> None:
+        store: str | None, sources: int, **kw: Any) -> None:
     """Answer one or more questions in one batch, with a progress bar."""
     from ortserve.engine import LLM
 
     settings = settings_from(**pop_model_flags(kw), router_config=router_config)
     system = kw.pop("system")
     params = params_from(kw)
+    if store is not None:
+        if provider is not None:
+            raise click.UsageError("--store answers locally only (a store's text stays on this machine)")
+        _ask_store(questions, store, sources, settings, params, system, as_json)
+        return
     if provider is not None:
         _ask_routed(questions, provider, settings, params, system, as_json)
         return
@@ -68,6 +75,33 @@ def ask(questions: tuple[str, ...], as_json: bool, provider: str | None, router_
     for i, (q, o) in enumerate(zip(questions, outs), 1):
         click.echo(f"📝 Question {i}: {q}\n💬 Answer: {o.text.strip()}\n📊 Tokens: {o.metrics.output_tokens}"
                    f"  ({o.metrics.output_tokens_per_second:.1f} tok/s, TTFT {1000 * (o.metrics.ttft or 0):.0f} ms)")
+        click.echo(RULE)
+
+
+def _ask_store(questions: tuple[str, ...], store: str, k: int, settings: Any, params: SamplingParams,
+               system: str | None, as_json: bool) -> None:
+    """Search the store for each question, answer from the best chunks, print the citations."""
+    from ortserve.cli.rag import open_rag, store_id
+    from ortserve.engine import LLM
+    from ortserve.rag.answer import citations, with_context
+
+    rag = open_rag(settings)
+    vid = store_id(rag, store)
+    hits = [rag.search(vid, q, k=k) for q in questions]
+    with LLM(load_model(settings), settings) as llm:
+        outs = llm.generate([with_context(messages_for(q, system), h) for q, h in zip(questions, hits)], params,
+                            progress=not as_json)
+        model_id = llm.engine.model_id
+    if as_json:
+        echo_json({"model": model_id, "store": store, "results": [
+            {"question": q, "answer": o.text, "citations": citations(h), "finish_reason": o.finish_reason}
+            for q, o, h in zip(questions, outs, hits)]})
+        return
+    click.echo(f"{RULE}\nRESULTS ({model_id}, from {store})\n{RULE}")
+    for i, (q, o, h) in enumerate(zip(questions, outs, hits), 1):
+        click.echo(f"📝 Question {i}: {q}\n💬 Answer: {o.text.strip()}\n📚 Sources:")
+        for c in citations(h):
+            click.echo(f"  [{c['index']}] {c['filename']} (chunk {c['chunk_index']}, chars {c['start']}-{c['end']})")
         click.echo(RULE)
 
 

@@ -294,10 +294,31 @@ class RagStore:
             con.execute("UPDATE meta SET value = value + 1 WHERE key='generation'")
         return {"id": fid, "object": "vector_store.file.deleted", "deleted": True}
 
-    def known_sha(self, vid: str, filename: str) -> str | None:
-        r = self._store(vid).execute("SELECT sha256 FROM vs_files WHERE filename=? AND status='completed'",
-                                     (filename,)).fetchone()
-        return r[0] if r else None
+    def ingest_path(self, vid: str, path: Path, name: str, *, max_tokens: int = 200, overlap: int = 40,
+                    progress: Progress | None = None) -> str:
+        """A local file into a store, by name: 'unchanged' (same SHA-256), 'added' or 'replaced'.
+
+        Re-running after a crash finds the file missing (or its old version) and does it again;
+        bytes of a file row left by the crash are reused, not duplicated.
+        """
+        data = path.read_bytes()
+        sha = hashlib.sha256(data).hexdigest()
+        con = self._store(vid)
+        old = con.execute("SELECT file_id, sha256 FROM vs_files WHERE filename=? AND status='completed'",
+                          (name,)).fetchall()
+        if any(r["sha256"] == sha for r in old):
+            return "unchanged"
+        known = self.main.execute("SELECT id FROM files WHERE filename=? AND sha256=?", (name, sha)).fetchone()
+        fid = known[0] if known else self.add_file(name, data)["id"]
+        self.add_to_store(vid, fid, max_tokens=max_tokens, overlap=overlap, replace_same_name=True,
+                          progress=progress)
+        for r in old:      # the replaced version's bytes, unless another store still uses them
+            if not any(self._store(v["id"]).execute("SELECT 1 FROM vs_files WHERE file_id=?", (r["file_id"],))
+                       .fetchone() for v in self.vector_stores()):
+                with _tx(self.main) as m:
+                    m.execute("DELETE FROM files WHERE id=?", (r["file_id"],))
+                (self.root / "files" / r["file_id"]).unlink(missing_ok=True)
+        return "replaced" if old else "added"
 
     # ---- search -----------------------------------------------------------------------
     def _dense_index(self, vid: str) -> DenseIndex:

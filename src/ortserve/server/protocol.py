@@ -212,8 +212,19 @@ class StreamOptions(_Contract):
     IGNORED: ClassVar[frozenset[str]] = frozenset({"include_obfuscation"})  # padding against side channels
 
 
+class FileSearch(BaseModel):
+    """Extension: answer from vector stores (server/rag_chat.py, docs/rag.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+    vector_store_ids: list[str] = Field(min_length=1, max_length=8)
+    max_num_results: int = Field(4, ge=1, le=20)
+    filters: dict[str, Any] | None = None
+    search_mode: Literal["hybrid", "dense", "bm25"] = "hybrid"
+
+
 class ChatCompletionRequest(_Sampling):
     messages: list[Message] = Field(min_length=1)
+    file_search: FileSearch | None = None   # extension (issue 16): answer from vector stores
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = Field(1, ge=1, le=16)

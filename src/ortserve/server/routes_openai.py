@@ -65,6 +65,12 @@ def store_models(st: Any, skip: set[str]) -> list[dict[str, Any]]:
 
 @router.post("/v1/chat/completions", response_model=None)
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
+    if body.file_search is not None:  # answer from vector stores, with citations (server/rag_chat.py)
+        from ortserve.server.rag_chat import add_to_response, apply_file_search
+
+        cites = await apply_file_search(body, request)
+        body.file_search = None
+        return add_to_response(await chat_completions(body, request), cites)
     st = state_of(request)
     span = span_of(request)
     if wants_router(st, body.model, st.served_id):
