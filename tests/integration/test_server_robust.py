@@ -17,7 +17,7 @@ MSG = [{"role": "user", "content": "hello"}]
 
 @pytest.fixture(scope="module")
 def srv(tiny_model: Path):
-    with ServerThread(tiny_model, max_length=192, default_max_tokens=512, stall_timeout=1.0) as s:
+    with ServerThread(tiny_model, max_length=192, default_max_tokens=512, stall_timeout=2.5) as s:
         yield s
 
 
@@ -65,10 +65,10 @@ def test_killed_engine_thread_restarts_and_serves_again(srv: ServerThread) -> No
 
 
 def test_stalled_step_restarts_and_serves_again(srv: ServerThread) -> None:
-    def stall() -> None:  # the running request's next model call hangs for 4 s (stall_timeout is 1 s)
+    def stall() -> None:  # the running request's next model call hangs for 6 s (stall_timeout is 2.5 s)
         core = srv.state.engine.core
         for seq in list(core.running):
-            core.plant_fault(seq.id, "4", "stall")  # type: ignore[arg-type]
+            core.plant_fault(seq.id, "6", "stall")  # type: ignore[arg-type]
 
     events = check_restart_cycle(srv, stall, "stalled")
     assert any("error" in e and e["error"]["code"] == "engine_restart" for e in events)

@@ -191,7 +191,7 @@ class AsyncEngine:
                 f"{len(ids) + params.max_tokens} tokens ({len(ids)} in the prompt, {params.max_tokens} "
                 f"in the completion). Please reduce the prompt or max_tokens.", param=param)
         if not self.core.fits(1, len(ids) + params.max_tokens):
-            budget_mb = self.core.kv_budget >> 20
+            budget_mb = round(self.core.kv_budget / 2**20, 1)
             most = self.core.kv_budget // self.core.runner.bytes_per_token
             raise InvalidRequest(
                 f"this request needs {len(ids) + params.max_tokens} tokens of KV cache ({len(ids)} in the "
