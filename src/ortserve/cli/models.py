@@ -11,6 +11,7 @@ import json
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
@@ -359,6 +360,25 @@ def pull_cmd(ref: str, device: str, as_json: bool) -> None:
     with Progress(f"pulling {ref}") as progress:
         v = pull(_store(), ref, device=device, progress=progress)
     _report_install(v, as_json)
+
+
+@models_group.command("import-bundle")
+@click.argument("directory", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@json_option
+@handles_errors
+def import_bundle_cmd(directory: Path, as_json: bool) -> None:
+    """Install the models of an `ortserve bundle` (checks SHA256SUMS and manifests first)."""
+    from ortserve.bundle import import_bundle
+
+    with Progress("import-bundle") as progress:
+        installed = import_bundle(directory, _store(), say=progress)
+    if as_json:
+        return _emit([v.to_json() for v in installed])
+    click.echo(f"bundle {directory}: every file matches SHA256SUMS and its manifest")
+    for v in installed:
+        click.echo(f"installed {v.id} ({v.precision}, {v.device}, {_fmt_mb(v.size_bytes)})")
+    if not installed:
+        click.echo("the bundle holds no models")
 
 
 if __name__ == "__main__":
