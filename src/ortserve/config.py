@@ -8,14 +8,18 @@ prints them all.
 
 from __future__ import annotations
 
-import json
 import os
-import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import AliasChoices, Field, field_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    JsonConfigSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
 
 DEVICES = ("auto", "cpu", "cuda", "dml", "webgpu", "openvino")
 DEVICE_ALIASES = {"directml": "dml", "gpu": "cuda"}
@@ -184,29 +188,45 @@ def config_file() -> Path | None:
     return None
 
 
-def read_config_file(path: Path) -> dict[str, Any]:
-    text = path.read_text(encoding="utf-8")
-    if path.suffix == ".json":
-        data = json.loads(text)
-    else:
-        data = tomllib.loads(text)
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a table of settings")  # noqa: TRY004 (callers catch ValueError)
-    return data.get("ortserve", data) if isinstance(data.get("ortserve"), dict) else data
+def _ortserve_table(data: dict[str, Any]) -> dict[str, Any]:
+    """A whole file of settings, or its [ortserve] table when it has one."""
+    return data["ortserve"] if isinstance(data.get("ortserve"), dict) else data
 
 
-class _FileSource(PydanticBaseSettingsSource):
-    """Settings from ortserve.toml / ortserve.json, keyed by field name."""
+class _TomlFile(TomlConfigSettingsSource):
+    """pydantic-settings' TOML source. Two additions it has no option for: an optional
+    [ortserve] table (toml_table_header makes it mandatory), and keys by field name (our fields
+    validate by their env-var aliases, ORTSERVE_PORT, so names are mapped onto those)."""
 
-    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:  # pragma: no cover
-        return None, field_name, False
+    def _read_file(self, file_path: Any) -> dict[str, Any]:
+        try:
+            return _ortserve_table(super()._read_file(file_path))
+        except ValueError as exc:  # tomllib.TOMLDecodeError: name the file
+            raise ValueError(f"{file_path}: {exc}") from exc
 
     def __call__(self) -> dict[str, Any]:
-        path = config_file()
-        if path is None or not path.is_file():
-            return {}
-        data = read_config_file(path)
-        return by_alias({k: v for k, v in data.items() if k in self.settings_cls.model_fields})
+        return by_alias({k: v for k, v in self.toml_data.items() if k in self.settings_cls.model_fields})
+
+
+class _JsonFile(JsonConfigSettingsSource):
+    """pydantic-settings' JSON source (UTF-8), with the same two additions as _TomlFile."""
+
+    def _read_file(self, file_path: Any) -> dict[str, Any]:
+        try:
+            return _ortserve_table(super()._read_file(file_path))
+        except ValueError as exc:  # json.JSONDecodeError: name the file
+            raise ValueError(f"{file_path}: {exc}") from exc
+
+    def __call__(self) -> dict[str, Any]:
+        return by_alias({k: v for k, v in self.json_data.items() if k in self.settings_cls.model_fields})
+
+
+def _FileSource(settings_cls: type[BaseSettings]) -> PydanticBaseSettingsSource:
+    """The config file's source: TOML, or JSON by its suffix (none: an empty TOML source)."""
+    path = config_file()
+    if path is not None and path.suffix == ".json":
+        return _JsonFile(settings_cls, json_file=path)
+    return _TomlFile(settings_cls, toml_file=path if path is not None else [])
 
 
 def env_names(name: str) -> list[str]:

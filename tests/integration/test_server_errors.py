@@ -147,10 +147,10 @@ def test_api_key_and_queue_full(tiny_model: Path) -> None:
                     lines = running.aiter_lines()
                     assert (await lines.__anext__()).startswith("data: ")  # generating: holds the one slot
                     queued = asyncio.ensure_future(client.post(url, json={**body, "stream": False}))
-                    for _ in range(200):
-                        if s.state.engine.stats().waiting == 1:
-                            break
+                    deadline = time.monotonic() + 60  # the event: the second request is queued
+                    while s.state.engine.stats().waiting != 1 and time.monotonic() < deadline:
                         await asyncio.sleep(0.01)
+                    assert s.state.engine.stats().waiting == 1
                     r = await client.post(url, json=body)
                     assert_error(r, 429, None, "queue_full")
                     assert r.headers["retry-after"] == "1"
