@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import time
 from typing import Any
 
@@ -47,6 +48,7 @@ def deploy_ray(model: str | None, replicas: int, max_replicas: int | None, targe
                          max_replicas=max_replicas, num_cpus=num_cpus,
                          target_ongoing_requests=target_ongoing_requests)
     click.echo(f"serving on {url} (try: curl {url}/healthz); Ctrl-C stops", err=True)
+    signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops it as cleanly as Ctrl-C
     try:
         while True:
             time.sleep(1)
@@ -54,3 +56,7 @@ def deploy_ray(model: str | None, replicas: int, max_replicas: int | None, targe
         click.echo("stopping", err=True)
     finally:
         ray_deploy.shutdown()
+
+
+def _interrupt(_sig: int, _frame: Any) -> None:
+    raise KeyboardInterrupt

@@ -121,7 +121,8 @@ def run(model: str | None, settings: dict[str, Any], *, address: str | None = No
     """Start a local Ray cluster (or join the one at ``address``) and serve ortserve on it;
     returns the proxy's URL."""
     if not ray.is_initialized():
-        kw: dict[str, Any] = {"address": address, "include_dashboard": False, "log_to_driver": False}
+        # "local": always a new cluster of our own, never one a `ray start` left running here
+        kw: dict[str, Any] = {"address": address or "local", "include_dashboard": False, "log_to_driver": False}
         if address is None and cluster_cpus is not None:
             kw["num_cpus"] = cluster_cpus
         ray.init(**kw)

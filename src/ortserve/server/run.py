@@ -36,10 +36,12 @@ class DrainingServer(uvicorn.Server):
 
     async def _drain(self, sig: int, frame: Any) -> None:
         engine = self.ortserve_state.engine
+        manager = self.ortserve_state.manager
         deadline = asyncio.get_running_loop().time() + self.drain_timeout
         while asyncio.get_running_loop().time() < deadline:
             s = engine.stats()
-            if s.running == 0 and s.waiting == 0:
+            others_busy = manager is not None and any(slot.busy() for slot in list(manager.slots.values()))
+            if s.running == 0 and s.waiting == 0 and not others_busy:  # every loaded model, not just the pinned
                 break
             await asyncio.sleep(0.05)
         await asyncio.sleep(0.2)  # let the last responses flush
