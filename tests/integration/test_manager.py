@@ -207,3 +207,5 @@ def test_embedding_models_share_the_manager(tiny_model: Path, embedding_model: P
         assert embed().status_code == 200 and emb["model"] in loaded(srv)  # reloaded on use
         assert wait_for(lambda: emb["model"] not in loaded(srv), 10)  # keep_alive 1 s
         assert ps(srv)["loads_total"][emb["model"]] == 2
+        r = httpx.post(f"{srv.url}/v1/admin/load", json={"model": emb["model"]}, timeout=60)
+        assert r.status_code == 200 and r.json()["model"]["kind"] == "embedding"

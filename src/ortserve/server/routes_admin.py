@@ -12,7 +12,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ortserve.errors import Unavailable
+from ortserve.errors import InvalidRequest, Unavailable
 from ortserve.server.manager import ModelManager, parse_keep_alive
 from ortserve.server.routes_seed import state_of
 
@@ -51,9 +51,16 @@ async def ps(request: Request) -> dict[str, Any]:
 @router.post("/v1/admin/load")
 async def load(body: LoadRequest, request: Request) -> dict[str, Any]:
     manager = _manager(request)
+    st = state_of(request)
     t0 = time.monotonic()
-    await manager.get(body.model, keep_alive=body.keep_alive)
-    sid = manager.id_for(body.model)
+    try:
+        await manager.get(body.model, keep_alive=body.keep_alive)
+        sid = manager.id_for(body.model)
+    except InvalidRequest as exc:
+        if exc.code != "wrong_model_kind" or st.embedder is None:
+            raise
+        variant, _ = await st.embedder.aget(body.model)  # an embedding model: its holder loads it
+        sid = variant.id
     row = next(r for r in manager.ps() if r["model"] == sid)
     return {"loaded": sid, "seconds": round(time.monotonic() - t0, 3), "model": row}
 
