@@ -33,6 +33,7 @@ class SamplingParams:
     json_schema: str | None = None
     regex: str | None = None
     grammar: str | None = None
+    logprobs: int | None = None  # report each token's log-probability and this many top alternatives
 
     def __post_init__(self) -> None:
         if self.json_schema is not None and not isinstance(self.json_schema, str):
@@ -132,6 +133,8 @@ class TokenEvent:
     metrics: Metrics | None = None
     error: str | None = None
     error_code: str | None = None  # with finish_reason "error": "timeout", "engine_restart" or None
+    # with SamplingParams.logprobs: (token id, logprob, [(id, logprob) of the top alternatives]) per token
+    logprobs: list[tuple[int, float, list[tuple[int, float]]]] | None = None
 
 
 @dataclass

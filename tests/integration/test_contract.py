@@ -52,7 +52,7 @@ def test_unknown_field_is_a_400_naming_it(srv: ServerThread, path: str) -> None:
     ("repeat_penalty", 1.1), ("mirostat", 2), ("reasoning_effort", "low"),
 ])
 def test_refused_fields_are_a_400_naming_them(srv: ServerThread, path: str, field: str, value: object) -> None:
-    if path == "/v1/chat/completions" and field in TOOL_FIELDS:
+    if path == "/v1/chat/completions" and (field in TOOL_FIELDS or field == "top_logprobs"):
         return  # served there (tests/integration/test_tools_api.py)
     err = assert_400(post(srv, path, **{field: value}), field, "unsupported_parameter")
     assert OPENAI_REFUSED[field] in err["message"]
@@ -62,7 +62,7 @@ def test_refused_fields_are_a_400_naming_them(srv: ServerThread, path: str, fiel
 @pytest.mark.parametrize("body,param", [
     ({"modalities": ["text", "audio"]}, "modalities"),
     ({"store": True}, "store"),
-    ({"logprobs": True}, "logprobs"),
+    ({"top_logprobs": 2}, "top_logprobs"),  # without logprobs: true
     ({"response_format": {"type": "yaml"}}, "response_format.type"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
      "messages.0.content"),

@@ -210,3 +210,29 @@ def test_bad_input_is_a_400_naming_the_field(client: OpenAI, kw: dict, param: st
         client.chat.completions.create(model="default", max_tokens=5, **kw)
     body = err.value.body
     assert body["type"] == "invalid_request_error" and body["param"].startswith(param), body
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_chat_logprobs(client: OpenAI, stream: bool) -> None:
+    kw = {"messages": [{"role": "user", "content": "Say hi."}], "temperature": 0, "max_tokens": 6,
+          "logprobs": True, "top_logprobs": 3}
+    if stream:
+        entries = [e for c in client.chat.completions.create(model="default", stream=True, **kw)
+                   if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+        text = None
+    else:
+        r = client.chat.completions.create(model="default", **kw)
+        entries, text = r.choices[0].logprobs.content, r.choices[0].message.content
+    assert entries and all(e.logprob <= 0 and len(e.top_logprobs) == 3 for e in entries)
+    # greedy: the chosen token is the likeliest one
+    assert all(e.top_logprobs[0].logprob == pytest.approx(e.logprob) for e in entries)
+    if text is not None:
+        assert "".join(e.token for e in entries) == text
+
+
+def test_completion_logprobs(client: OpenAI) -> None:
+    r = client.completions.create(model="default", prompt="The capital of France is", max_tokens=4,
+                                  temperature=0, logprobs=2)
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 4
+    assert "".join(lp.tokens) == r.choices[0].text and all(len(t) == 2 for t in lp.top_logprobs)

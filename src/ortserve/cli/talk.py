@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import click
@@ -46,15 +48,21 @@ def messages_for(question: str, system: str | None) -> list[dict[str, str]]:
 @click.option("--router-config", default=None, help="Routing config file (JSON/TOML)")
 @click.option("--store", default=None, help="Answer from this vector store (`ortserve rag ls`), citing sources")
 @click.option("--sources", type=int, default=4, show_default=True, help="With --store: chunks given to the model")
+@click.option("--json-schema", "json_schema", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="A JSON schema file: every answer is JSON that validates against it (enforced by grammar)")
 @guarded
 def ask(questions: tuple[str, ...], as_json: bool, provider: str | None, router_config: str | None,
-        store: str | None, sources: int, **kw: Any) -> None:
+        store: str | None, sources: int, json_schema: str | None, **kw: Any) -> None:
     """Answer one or more questions in one batch, with a progress bar."""
     from ortserve.engine import LLM
 
     settings = settings_from(**pop_model_flags(kw), router_config=router_config)
     system = kw.pop("system")
     params = params_from(kw)
+    if json_schema is not None:
+        if provider is not None:
+            raise click.UsageError("--json-schema is enforced by the local engine; drop --provider")
+        params = replace(params, json_schema=Path(json_schema).read_text(encoding="utf-8"))
     if store is not None:
         if provider is not None:
             raise click.UsageError("--store answers locally only (a store's text stays on this machine)")

@@ -32,7 +32,7 @@ import numpy as np
 
 from ortserve.engine.guidance import Guidance, allocate_masks, apply_mask
 from ortserve.engine.runner import Runner
-from ortserve.engine.sampler import apply_penalties, sample
+from ortserve.engine.sampler import apply_penalties, sample, token_logprobs
 from ortserve.engine.sequence import Sequence
 from ortserve.types import EngineStats, TokenEvent
 
@@ -350,6 +350,7 @@ class EngineCore:
     def select(self, seq: Sequence, logits: np.ndarray, mask: np.ndarray | None = None) -> int:
         """Logits processors, then the grammar mask, then sampling: the token this sequence takes next."""
         p = seq.params
+        raw = logits
         if len(seq.output_ids) < p.min_tokens or p.ignore_eos:
             logits = logits.copy()
             logits[list(self.eos)] = -np.inf
@@ -363,7 +364,10 @@ class EngineCore:
             apply_mask(logits, mask)
             if not np.isfinite(logits).any():  # the grammar allows only the end (min_tokens gives way)
                 logits[next(iter(self.eos))] = 0.0
-        return sample(logits, p, seq.rng)
+        token = sample(logits, p, seq.rng)
+        if p.logprobs is not None and token not in self.eos:
+            seq.logprobs.append(token_logprobs(raw, token, p.logprobs))
+        return token
 
     def _advance(self, seq: Sequence, token: int) -> None:
         """Take ``token``: stream its text, or finish on EOS, a stop string, max_tokens or the context."""
@@ -385,7 +389,14 @@ class EngineCore:
             self._emit(seq, text, [token])
 
     def _emit(self, seq: Sequence, text: str, ids: list[int] | None = None) -> None:
-        seq.sink(TokenEvent(request_id=seq.id, text=text, token_ids=ids or []))
+        seq.sink(TokenEvent(request_id=seq.id, text=text, token_ids=ids or [], logprobs=self._take_logprobs(seq)))
+
+    @staticmethod
+    def _take_logprobs(seq: Sequence) -> list[tuple[int, float, list[tuple[int, float]]]] | None:
+        if seq.params.logprobs is None:
+            return None
+        out, seq.logprobs = seq.logprobs, []
+        return out
 
     def _finish(self, seq: Sequence, reason: str, error: str | None = None, code: str | None = None) -> None:
         if seq.finished:
@@ -394,7 +405,7 @@ class EngineCore:
         seq.finished = True
         self.faults.pop(seq.id, None)
         seq.sink(TokenEvent(request_id=seq.id, text=text, finished=True, finish_reason=reason,
-                            metrics=seq.metrics(), error=error, error_code=code))
+                            metrics=seq.metrics(), error=error, error_code=code, logprobs=self._take_logprobs(seq)))
 
     def _fail(self, seq: Sequence, exc: BaseException) -> None:
         self.failed_rows += 1

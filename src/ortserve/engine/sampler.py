@@ -56,3 +56,17 @@ def sample(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator)
         p = p[:keep] / p[:keep].sum()
         idx = idx[:keep]
     return int(idx[rng.choice(len(p), p=p)])
+
+
+def token_logprobs(logits: np.ndarray, token: int, top: int) -> tuple[int, float, list[tuple[int, float]]]:
+    """The model's log-probability of ``token`` and of the ``top`` likeliest tokens (raw logits,
+    before penalties, grammar and temperature, as OpenAI and vLLM report them)."""
+    x = logits.astype(np.float64)
+    m = x.max()
+    lse = m + np.log(np.exp(x - m).sum())
+    alts: list[tuple[int, float]] = []
+    if top > 0:
+        idx = np.argpartition(-x, top - 1)[:top]
+        idx = idx[np.argsort(-x[idx], kind="stable")]
+        alts = [(int(i), float(x[i] - lse)) for i in idx]
+    return token, float(x[token] - lse), alts

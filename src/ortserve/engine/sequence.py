@@ -33,6 +33,7 @@ class Sequence:
     preempted: int = 0              # times it gave its row back under KV pressure
     aborted: bool = False
     finished: bool = False
+    logprobs: list[tuple[int, float, list[tuple[int, float]]]] = field(default_factory=list)  # not yet emitted
     guide: Guide | None = None      # grammar state when the output is constrained (engine/guidance.py)
 
     def __post_init__(self) -> None:

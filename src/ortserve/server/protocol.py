@@ -33,7 +33,7 @@ TOOL_FIELDS = ("tools", "tool_choice", "parallel_tool_calls", "functions", "func
 OPENAI_REFUSED: dict[str, str] = {
     "tools": _TOOLS, "tool_choice": _TOOLS, "parallel_tool_calls": _TOOLS,
     "functions": _TOOLS, "function_call": _TOOLS,
-    "top_logprobs": "logprobs are not supported",
+    "top_logprobs": "logprobs are served on /v1/chat/completions and /v1/completions",
     "audio": "audio output is not supported",
     "prediction": "predicted outputs are not supported",
     "reasoning_effort": "the served models do not reason",
@@ -240,19 +240,14 @@ class ChatCompletionRequest(_Sampling):
     functions: list[Any] | None = None             # legacy: mapped onto tools
     function_call: str | dict[str, Any] | None = None
     IGNORED: ClassVar[frozenset[str]] = OPENAI_IGNORED
-    REFUSED: ClassVar[dict[str, str]] = {k: v for k, v in OPENAI_REFUSED.items() if k not in TOOL_FIELDS}
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    REFUSED: ClassVar[dict[str, str]] = {k: v for k, v in OPENAI_REFUSED.items()
+                                         if k not in TOOL_FIELDS and k != "top_logprobs"}
 
     @model_validator(mode="before")
     @classmethod
     def _messages(cls, data: Any) -> Any:
         return _check_messages(data)
-
-    @field_validator("logprobs")
-    @classmethod
-    def _no_logprobs(cls, v: Any) -> Any:
-        if v:
-            raise ValueError("logprobs are not supported by ortserve")
-        return v
 
     @field_validator("store")
     @classmethod
@@ -271,6 +266,12 @@ class ChatCompletionRequest(_Sampling):
     def plain_messages(self) -> list[dict[str, str]]:
         return [m.plain() for m in self.messages]
 
+    def logprobs_count(self) -> int | None:
+        """None: no logprobs; else how many top alternatives per token (top_logprobs needs logprobs)."""
+        if self.top_logprobs is not None and not self.logprobs:
+            raise InvalidRequest("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+        return (self.top_logprobs or 0) if self.logprobs else None
+
     def effective_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
@@ -282,13 +283,13 @@ class CompletionRequest(_Sampling):
     n: int = Field(1, ge=1, le=16)
     best_of: int | None = None
     echo: bool = False
-    logprobs: int | None = None
+    logprobs: int | None = Field(None, ge=0, le=5)
     suffix: str | None = None
     max_tokens: int | None = 16  # OpenAI's default for completions
     response_format: dict[str, Any] | None = None
     IGNORED: ClassVar[frozenset[str]] = OPENAI_IGNORED
 
-    @field_validator("logprobs", "suffix")
+    @field_validator("suffix")
     @classmethod
     def _unsupported(cls, v: Any) -> Any:
         if v:

@@ -6,6 +6,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,8 @@ from ortserve.server.service import collect, engine_error, submit_n, usage
 from ortserve.server.sse import SSE_HEADERS, merge, sse, unless_disconnected
 from ortserve.server.structured import (
     ToolPlan,
+    chat_logprobs,
+    completion_logprobs,
     constrain,
     delta_of,
     message_of,
@@ -83,26 +86,29 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
                                      body.effective_max_tokens())
     plan = plan_tools(body)
     params = constrain(engine, params, response_constraint(body.response_format), plan)
+    params = replace(params, logprobs=body.logprobs_count())
     handles = submit_n(engine, body.n, params, messages=body.plain_messages(),
                        tools=plan.prompt_tools() if plan else None)
     rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        chunks = _chat_chunks(st, handles, rid, created, model, include_usage, span, plan)
+        chunks = _chat_chunks(st, handles, rid, created, model, include_usage, span, plan, engine.codec)
         return StreamingResponse(chunks, media_type="text/event-stream", headers=SSE_HEADERS)
     answers = await unless_disconnected(request, asyncio.gather(*(collect(h) for h in handles)))
     choices = []
     for i, a in enumerate(answers):
         st.record(span, a.metrics, a.finish_reason)
         message, finish = message_of(a.text, a.finish_reason, plan)
-        choices.append({"index": i, "message": message, "logprobs": None, "finish_reason": finish})
+        choices.append({"index": i, "message": message, "logprobs": chat_logprobs(engine.codec, a.logprobs),
+                        "finish_reason": finish})
     return {"id": rid, "object": "chat.completion", "created": created, "model": model,
             "system_fingerprint": None, "choices": choices,
             "usage": usage(handles[0].input_tokens, [a.metrics for a in answers])}
 
 
 async def _chat_chunks(st: Any, handles: list[RequestHandle], rid: str, created: int, model: str,
-                       include_usage: bool, span: Any, plan: ToolPlan | None = None) -> AsyncIterator[str]:
+                       include_usage: bool, span: Any, plan: ToolPlan | None = None,
+                       codec: Any = None) -> AsyncIterator[str]:
     base = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
             "system_fingerprint": None}
     extra = {"usage": None} if include_usage else {}
@@ -112,6 +118,7 @@ async def _chat_chunks(st: Any, handles: list[RequestHandle], rid: str, created:
     finals = []
     parsers = [plan.parser() if plan else None for _ in handles]
     legacy = bool(plan and plan.legacy)
+    held: list[list[Any]] = [[] for _ in handles]  # logprobs of tokens whose text is not out yet
     async for i, ev in merge(*handles):
         if ev.finish_reason == "error":
             yield sse(engine_error(ev).to_openai())
@@ -122,8 +129,11 @@ async def _chat_chunks(st: Any, handles: list[RequestHandle], rid: str, created:
         else:  # tool calls: their arguments go out as they are generated
             pieces = parser.feed(ev.text) + (parser.finish() if ev.finished else [])
             deltas = [delta_of(d, legacy) for d in pieces if d.index >= 0 or d.content]
+        held[i] += ev.logprobs or []
         for delta in deltas:
-            yield sse({**base, "choices": [{"index": i, "delta": delta, "logprobs": None,
+            lp = chat_logprobs(codec, held[i]) if held[i] else None
+            held[i] = []
+            yield sse({**base, "choices": [{"index": i, "delta": delta, "logprobs": lp,
                                             "finish_reason": None}], **extra})
         if ev.finished:
             st.record(span, ev.metrics, ev.finish_reason)
@@ -131,7 +141,8 @@ async def _chat_chunks(st: Any, handles: list[RequestHandle], rid: str, created:
             finish = ev.finish_reason
             if parser is not None and parser.calls and finish == "stop":
                 finish = "function_call" if legacy else "tool_calls"
-            yield sse({**base, "choices": [{"index": i, "delta": {}, "logprobs": None,
+            yield sse({**base, "choices": [{"index": i, "delta": {},
+                                            "logprobs": chat_logprobs(codec, held[i]) if held[i] else None,
                                             "finish_reason": finish}], **extra})
     if include_usage:
         yield sse({**base, "choices": [], "usage": usage(handles[0].input_tokens, finals)})
@@ -147,6 +158,7 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
     span.set(model=model, provider="local", execution_provider=engine.model.choice.device)
     params: SamplingParams = body.to_sampling_params(st.settings.default_max_tokens, st.settings.max_tokens_cap)
     params = constrain(engine, params, response_constraint(body.response_format))
+    params = replace(params, logprobs=body.logprobs)
     prompts = body.prompts()
     handles: list[RequestHandle] = []
     try:
@@ -162,32 +174,36 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return StreamingResponse(_completion_chunks(st, handles, rid, created, model, include_usage, echo,
-                                                    prompt_tokens, span),
+                                                    prompt_tokens, span, engine.codec),
                                  media_type="text/event-stream", headers=SSE_HEADERS)
     answers = await unless_disconnected(request, asyncio.gather(*(collect(h) for h in handles)))
     for a in answers:
         st.record(span, a.metrics, a.finish_reason)
     return {"id": rid, "object": "text_completion", "created": created, "model": model,
-            "choices": [{"index": i, "text": echo[i] + a.text, "logprobs": None, "finish_reason": a.finish_reason}
+            "choices": [{"index": i, "text": echo[i] + a.text, "finish_reason": a.finish_reason,
+                         "logprobs": completion_logprobs(engine.codec, a.logprobs, len(echo[i]))}
                         for i, a in enumerate(answers)],
             "usage": usage(prompt_tokens, [a.metrics for a in answers])}
 
 
 async def _completion_chunks(st: Any, handles: list[RequestHandle], rid: str, created: int, model: str,
                              include_usage: bool, echo: list[str], prompt_tokens: int,
-                             span: Any) -> AsyncIterator[str]:
+                             span: Any, codec: Any = None) -> AsyncIterator[str]:
     base = {"id": rid, "object": "text_completion", "created": created, "model": model}
     extra = {"usage": None} if include_usage else {}
     for i, prefix in enumerate(echo):
         if prefix:
             yield sse({**base, "choices": [{"index": i, "text": prefix, "logprobs": None, "finish_reason": None}]})
     finals = []
+    offsets = [len(prefix) for prefix in echo]
     async for i, ev in merge(*handles):
         if ev.finish_reason == "error":
             yield sse(engine_error(ev).to_openai())
             return
         if ev.text or ev.finished:
-            yield sse({**base, "choices": [{"index": i, "text": ev.text, "logprobs": None,
+            lp = completion_logprobs(codec, ev.logprobs, offsets[i])
+            offsets[i] += len(ev.text)
+            yield sse({**base, "choices": [{"index": i, "text": ev.text, "logprobs": lp,
                                             "finish_reason": ev.finish_reason if ev.finished else None}], **extra})
         if ev.finished:
             st.record(span, ev.metrics, ev.finish_reason)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 from ortserve.engine import AsyncEngine, RequestHandle
 from ortserve.errors import OrtServeError, RequestTimeout, Unavailable
@@ -20,6 +21,7 @@ class Answer:
     text: str
     finish_reason: str
     metrics: Metrics
+    logprobs: list[Any] | None = None  # per token, when asked (TokenEvent.logprobs)
 
 
 def submit_n(engine: AsyncEngine, n: int, params: SamplingParams, **kw: object) -> list[RequestHandle]:
@@ -49,12 +51,16 @@ def engine_error(ev: TokenEvent) -> OrtServeError:
 
 async def collect(handle: RequestHandle) -> Answer:
     parts: list[str] = []
+    logprobs: list[Any] | None = None
     async for ev in handle:
         if ev.finish_reason == "error":
             raise engine_error(ev)
         parts.append(ev.text)
+        if ev.logprobs is not None:
+            logprobs = (logprobs or []) + ev.logprobs
         if ev.finished:
-            return Answer("".join(parts), ev.finish_reason or "stop", ev.metrics)  # type: ignore[arg-type]
+            return Answer("".join(parts), ev.finish_reason or "stop", ev.metrics,  # type: ignore[arg-type]
+                          logprobs)
     raise GenerationFailed("generation ended without a result")  # pragma: no cover
 
 

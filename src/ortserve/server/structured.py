@@ -135,3 +135,31 @@ def delta_of(d: Delta, legacy: bool = False) -> dict[str, Any]:
         return {"tool_calls": [{"index": d.index, "id": d.call.id, "type": "function",
                                 "function": {"name": d.call.name, "arguments": ""}}]}
     return {"tool_calls": [{"index": d.index, "function": {"arguments": d.arguments}}]}
+
+
+def _token(codec: Any, token_id: int) -> dict[str, Any]:
+    text = codec.decode([token_id])
+    return {"token": text, "bytes": list(text.encode("utf-8"))}
+
+
+def chat_logprobs(codec: Any, entries: list[Any] | None) -> dict[str, Any] | None:
+    """OpenAI chat ``logprobs``: {"content": [{token, logprob, bytes, top_logprobs}]}."""
+    if entries is None:
+        return None
+    return {"content": [{**_token(codec, t), "logprob": lp,
+                         "top_logprobs": [{**_token(codec, a), "logprob": alp} for a, alp in alts]}
+                        for t, lp, alts in entries], "refusal": None}
+
+
+def completion_logprobs(codec: Any, entries: list[Any] | None, offset: int = 0) -> dict[str, Any] | None:
+    """OpenAI completions ``logprobs``: parallel lists of tokens, logprobs, top alternatives, offsets."""
+    if entries is None:
+        return None
+    tokens = [codec.decode([t]) for t, _, _ in entries]
+    offsets = []
+    for tok in tokens:
+        offsets.append(offset)
+        offset += len(tok)
+    return {"tokens": tokens, "token_logprobs": [lp for _, lp, _ in entries],
+            "top_logprobs": [{codec.decode([a]): alp for a, alp in alts} for _, _, alts in entries],
+            "text_offset": offsets}
