@@ -40,10 +40,16 @@ from ortserve.types import SamplingParams
 
 
 def bare_loop(engine: AsyncEngine, ids: list[int], gen: int) -> tuple[float, float, list[int]]:
-    """The floor: prefill, then ``gen - 1`` decode steps of session.run + argmax.
+    """The floor: prefill, then ``gen - 1`` decode steps of session.run + argmax (EOS masked).
     Returns (decode tok/s, session.run share of the decode time, tokens)."""
     runner = engine.model.runner
-    tok = int(np.argmax(runner.prefill(0, ids)))
+    eos = list(runner.spec.eos_token_ids)  # masked, as ignore_eos does in the engine
+
+    def pick(logits: np.ndarray) -> int:
+        logits[eos] = -np.inf
+        return int(np.argmax(logits))
+
+    tok = pick(runner.prefill(0, ids).copy())
     out = [tok]
     in_run = 0.0
     t0 = time.perf_counter()
@@ -51,7 +57,7 @@ def bare_loop(engine: AsyncEngine, ids: list[int], gen: int) -> tuple[float, flo
         t = time.perf_counter()
         logits = runner.decode(np.array([tok], dtype=np.int64))
         in_run += time.perf_counter() - t
-        tok = int(np.argmax(logits[0]))
+        tok = pick(logits[0])
         out.append(tok)
     wall = time.perf_counter() - t0
     runner.clear(0)
