@@ -60,7 +60,7 @@ def http_error(req: Request, exc: StarletteHTTPException) -> OrtServeError:
     if exc.status_code == 404:
         return NotFound(f"no route {req.method} {req.url.path}", code="unknown_url")
     if exc.status_code == 405:
-        allowed = (exc.headers or {}).get("allow", "")
+        allowed = {k.lower(): v for k, v in (exc.headers or {}).items()}.get("allow", "")
         return MethodNotAllowed(f"{req.method} is not allowed on {req.url.path}"
                                 + (f" (allowed: {allowed})" if allowed else ""))
     if exc.status_code == 413:
