@@ -19,6 +19,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import sqlite3
 import threading
 import time
@@ -240,7 +241,9 @@ class RagStore:
                                                  "chunk_overlap_tokens": overlap}}
         text = parse(f["filename"], self.file_bytes(fid))
         chunks = chunk_text(text, emb.tokenizer, max_tokens, overlap)
-        vectors = self._vectors(con, emb, chunks, progress)
+        inputs = embed_inputs(f["filename"], text, chunks)
+        hashes = [hashlib.sha256(t.encode("utf-8")).hexdigest() for t in inputs]
+        vectors = self._vectors(con, emb, inputs, hashes, progress)
         with _tx(con):
             if replace_same_name:
                 for (old,) in con.execute("SELECT file_id FROM vs_files WHERE filename=? AND file_id<>?",
@@ -248,10 +251,10 @@ class RagStore:
                     self._delete_chunks(con, old)
                     con.execute("DELETE FROM vs_files WHERE file_id=?", (old,))
             self._delete_chunks(con, fid)
-            for c, v in zip(chunks, vectors, strict=True):
+            for c, h, v in zip(chunks, hashes, vectors, strict=True):
                 cur = con.execute('INSERT INTO chunks (file_id, idx, text, start, "end", tokens, hash, vector) '
                                   "VALUES (?,?,?,?,?,?,?,?)",
-                                  (fid, c.index, c.text, c.start, c.end, c.tokens, c.hash, v.tobytes()))
+                                  (fid, c.index, c.text, c.start, c.end, c.tokens, h, v.tobytes()))
                 con.execute("INSERT INTO chunks_fts(rowid, text) VALUES (?,?)", (cur.lastrowid, c.text))
             usage = sum(len(c.text.encode()) for c in chunks) + 4 * vectors.size
             con.execute("INSERT OR REPLACE INTO vs_files VALUES (?,?,?,?,?,?,?,?,?,?)",
@@ -260,23 +263,23 @@ class RagStore:
             con.execute("UPDATE meta SET value = value + 1 WHERE key='generation'")
         return self.vs_file(vid, fid)
 
-    def _vectors(self, con: sqlite3.Connection, emb: Any, chunks: list[Chunk],
+    def _vectors(self, con: sqlite3.Connection, emb: Any, inputs: list[str], hashes: list[str],
                  progress: Progress | None) -> np.ndarray:
-        """Embeddings for ``chunks``; a chunk whose text is already in the store reuses its vector."""
-        out = np.zeros((len(chunks), emb.dimensions), dtype=np.float32)
+        """Embeddings of ``inputs``; one whose hash is already in the store reuses its vector (dedup)."""
+        out = np.zeros((len(inputs), emb.dimensions), dtype=np.float32)
         todo = []
-        for i, c in enumerate(chunks):
-            r = con.execute("SELECT vector FROM chunks WHERE hash=? LIMIT 1", (c.hash,)).fetchone()
+        for i, h in enumerate(hashes):
+            r = con.execute("SELECT vector FROM chunks WHERE hash=? LIMIT 1", (h,)).fetchone()
             if r is not None:
                 out[i] = np.frombuffer(r[0], dtype=np.float32)
             else:
                 todo.append(i)
-        if progress and len(todo) < len(chunks):
-            progress(len(chunks) - len(todo))
+        if progress and len(todo) < len(inputs):
+            progress(len(inputs) - len(todo))
         step = 64
         for s in range(0, len(todo), step):
             idx = todo[s:s + step]
-            out[idx] = emb.embed_texts([chunks[i].text for i in idx], truncate=True).vectors
+            out[idx] = emb.embed_texts([inputs[i] for i in idx], truncate=True).vectors
             if progress:
                 progress(len(idx))
         return out
@@ -406,6 +409,24 @@ class RagStore:
                 con.close()
             self._stores.clear()
             self.main.close()
+
+
+_HEADING = re.compile(r"^#{1,6}\s+(.+)$", re.MULTILINE)
+
+
+def embed_inputs(filename: str, text: str, chunks: list[Chunk]) -> list[str]:
+    """What is embedded for each chunk: its file and nearest Markdown heading, then its text.
+
+    A chunk cut from the middle of a section often lacks the words that say what it is about;
+    the heading puts them back (the stored and cited text stays the chunk itself).
+    """
+    heads = [(m.start(), m.group(1).strip()) for m in _HEADING.finditer(text)]
+    out = []
+    for c in chunks:
+        title = next((h for pos, h in reversed(heads) if pos <= c.start), "")
+        name = filename.rsplit("/", 1)[-1]
+        out.append(f"{name} - {title}\n{c.text}" if title else f"{name}\n{c.text}")
+    return out
 
 
 def _vs_file_json(vid: str, r: sqlite3.Row) -> dict[str, Any]:

@@ -163,8 +163,15 @@ def chunk_text(text: str, tokenizer: Any, max_tokens: int = DEFAULT_CHUNK_TOKENS
             chunks.append(Chunk(len(chunks), piece, start_c, end_c, end - i))
         if end >= n:
             break
-        i = max(i + 1, end - overlap)
+        nxt = max(i + 1, end - overlap)
+        while nxt > i + 1 and _mid_word(text, offsets[nxt][0]):
+            nxt -= 1      # start the next window on a word, not inside one (word-piece tokens)
+        i = nxt
     return chunks
+
+
+def _mid_word(text: str, pos: int) -> bool:
+    return 0 < pos < len(text) and text[pos - 1].isalnum() and text[pos].isalnum()
 
 
 def _break_point(text: str, offsets: list[tuple[int, int]], start: int, end: int) -> int:
