@@ -112,10 +112,14 @@ def assert_exact(tmp_path: Path, gguf_file: Path) -> dict:
 
 @pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0"])
 def test_block_type_imports_exactly(tmp_path: Path, qtype: str) -> None:
+    import onnx
+
     report = assert_exact(tmp_path, write_tiny_gguf(tmp_path / f"tiny-{qtype}.gguf", uniform(qtype)))
     tied_head = qtype == "Q8_0"    # the LM head is the Q8_0 token embedding
     assert report["gguf_types"][qtype] == LAYERS * len(MATRICES) + tied_head
-    assert report["folded_minimums"] == (LAYERS * 5 if qtype == "Q4_1" else 0)   # qkv, o, gate, up, down
+    assert report["folded_minimums"] == (LAYERS * 4 if qtype == "Q4_1" else 0)   # qkv, o, gate_up, down
+    ops = [n.op_type for n in onnx.load(str(tmp_path / "exact" / "model.onnx"), load_external_data=False).graph.node]
+    assert ops.count("MatMulNBits") == LAYERS * 4 + 1 and ops.count("Split") == LAYERS  # gate+up fused
 
 
 def test_mixed_types_with_tied_embedding_with_minimums(tmp_path: Path) -> None:

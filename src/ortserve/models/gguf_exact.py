@@ -9,6 +9,8 @@ term computed from block sums of the input:
     y = MatMulNBits(x, codes, scales)  +  (x @ indicator) @ offsets^T
 
 which keeps the integer fast path of the kernel (float zero points run ~50x slower on CPU).
+gate_proj and up_proj, which read the same input, become one node with both row sets and
+one minimum term, then a Split (docs/bench.md: ~1.1x CPU time per decoded token).
 
 The import refuses (ModelError, with the numbers) unless every patched weight equals the
 dequantized reference weight and the logits of a short input match the fp32 reference
@@ -50,6 +52,9 @@ MODULES = {
     "mlp/up_proj": ("ffn_up",), "mlp/down_proj": ("ffn_down",),
 }
 _LAYER_NODE = re.compile(r"^/model/layers\.(\d+)/(\w+/\w+)/MatMul")
+# 2: gate_proj + up_proj fused into one MatMulNBits (+ Split). Stores imported at 1 keep
+# working; re-import (models rm, then use) to get the faster graph.
+GRAPH_VERSION = 2
 WEIGHT_RTOL = 1e-6        # patched weight vs dequantized reference, relative to max |w|
 LOGIT_TOL = 2e-3          # fp32-compute logits vs fp32 reference, relative to max |logit|
 
@@ -98,6 +103,21 @@ def weight_error(got: np.ndarray, names: tuple[str, ...], ref: HFWeights, tied: 
     return float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
 
 
+def gate_up_pairs(nodes: list[Any]) -> dict[str, Any]:
+    """gate_proj node name -> its layer's up_proj node, where both are bias-free MatMulNBits
+    reading the same input (the builder's Llama MLP); those become one fused node."""
+    by_name = {n.name: n for n in nodes}
+    pairs = {}
+    for node in nodes:
+        if node.op_type != "MatMulNBits" or "/mlp/gate_proj/" not in node.name:
+            continue
+        up = by_name.get(node.name.replace("/gate_proj/", "/up_proj/"))
+        if (up is not None and up.op_type == "MatMulNBits" and up.input[0] == node.input[0]
+                and len(node.input) <= 5 and len(up.input) <= 5):
+            pairs[node.name] = up
+    return pairs
+
+
 class GraphPatch:
     """Rewrites the MatMulNBits nodes of one builder graph with exact GGUF weights."""
 
@@ -112,8 +132,14 @@ class GraphPatch:
 
     def run(self) -> list[dict[str, Any]]:
         graph = self.model.graph
+        pairs = gate_up_pairs(list(graph.node))
+        fused_up = {up.name for up in pairs.values()}
         for node in graph.node:
-            if node.op_type == "MatMulNBits":
+            if node.name in fused_up:
+                continue
+            if node.name in pairs:
+                self.patch_gate_up(node, pairs[node.name])
+            elif node.op_type == "MatMulNBits":
                 self.patch_matmul(node)
             else:
                 self.nodes.append(node)
@@ -169,6 +195,28 @@ class GraphPatch:
                        helper.make_node("MatMul", [xs, off], [f"{out}/gguf_min"], name=f"{node.name}/gguf_min"),
                        helper.make_node("Add", [f"{out}/gguf_q", f"{out}/gguf_min"], [out],
                                         name=f"{node.name}/gguf_add")]
+
+    def patch_gate_up(self, gate: Any, up: Any) -> None:
+        """gate_proj and up_proj read the same input: one MatMulNBits over both row sets (and one
+        minimum term), then a Split. Same blocks, same sums per row; two fewer kernels per layer."""
+        from onnx import helper
+
+        names = [gguf_tensor_names(node.name, self.weights) or () for node in (gate, up)]
+        if any(self.weights.qtype(t) in FLOAT_TYPES for t in names[0] + names[1]):
+            self.patch_matmul(gate)     # a float part would make the fused node dense fp32
+            self.patch_matmul(up)
+            return
+        n = [next(a.i for a in node.attribute if a.name == "N") for node in (gate, up)]
+        outs = [gate.output[0], up.output[0]]
+        gate.name = gate.name.replace("/gate_proj/", "/gate_up_proj/")
+        gate.input[1] = gate.input[1].replace(".gate_proj.", ".gate_up_proj.")
+        fused = gate.output[0] = outs[0].replace("/gate_proj/", "/gate_up_proj/")
+        for a in gate.attribute:
+            if a.name == "N":
+                a.i = sum(n)
+        sizes = self.add_init(f"{gate.input[1].rsplit('.weight', 1)[0]}.gguf_split", np.array(n, np.int64))
+        self.patch_matmul(gate)
+        self.nodes.append(helper.make_node("Split", [fused, sizes], outs, axis=-1, name=f"{gate.name}/gguf_split"))
 
     def check(self, node: Any, names: tuple[str, ...], attrs: dict[str, Any], w: np.ndarray,
               **facts: Any) -> None:
@@ -354,7 +402,7 @@ def import_gguf_exact(gguf_path: Path, out_dir: Path, work_dir: Path, *, hf_dir:
             types[t] = types.get(t, 0) + 1
     say(f"exact: max weight error {max(n['weight_error'] for n in nodes):.2g}, "
         f"logits {check['fp32_compute']:.2g} (fp32 compute), {check['shipped']:.2g} as shipped")
-    return {"method": "gguf-exact", "gguf_types": types, "nodes": len(nodes),
+    return {"method": "gguf-exact", "graph_version": GRAPH_VERSION, "gguf_types": types, "nodes": len(nodes),
             "folded_minimums": sum(n["offsets"] for n in nodes),
             "max_weight_error": max(n["weight_error"] for n in nodes),
             "logit_error": check, "reference_dir": str(ref)}
