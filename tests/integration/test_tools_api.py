@@ -57,7 +57,8 @@ def _stream(client: OpenAI, **kw):
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_required_forces_a_valid_call(client: OpenAI, stream: bool) -> None:
-    kw = {"messages": ASK, "tools": [WEATHER, TIME], "tool_choice": "required", "temperature": 0, "max_tokens": 200}
+    kw = {"messages": ASK, "tools": [WEATHER, TIME], "tool_choice": "required", "temperature": 0, "max_tokens": 60,
+          "parallel_tool_calls": False}  # parallel calls: test_parallel_calls_stream_in_order
     if stream:
         r, chunks = _stream(client, **kw)
         arg_deltas = [tc for c in chunks for tc in (c.choices[0].delta.tool_calls or []) if c.choices]
@@ -95,7 +96,8 @@ def test_none_answers_in_prose(client: OpenAI, stream: bool) -> None:
 @pytest.mark.parametrize("stream", [False, True])
 def test_auto_is_text_or_valid_calls(client: OpenAI, stream: bool) -> None:
     for messages in (ASK, [{"role": "user", "content": "Say hello."}]):
-        kw = {"messages": messages, "tools": [WEATHER, TIME], "temperature": 0, "max_tokens": 60}
+        kw = {"messages": messages, "tools": [WEATHER, TIME], "temperature": 0, "max_tokens": 60,
+              "parallel_tool_calls": False}
         r = _stream(client, **kw)[0] if stream else client.chat.completions.create(model="default", **kw)
         msg = r.choices[0].message
         if msg.tool_calls:
@@ -133,11 +135,12 @@ def test_parallel_calls_stream_in_order(client: OpenAI) -> None:
 @pytest.mark.parametrize("stream", [False, True])
 def test_round_trip_call_result_answer(client: OpenAI, stream: bool) -> None:
     first = client.chat.completions.create(model="default", messages=ASK[:1], tools=[WEATHER],
-                                           tool_choice="required", temperature=0, max_tokens=80)
+                                           tool_choice="required", temperature=0, max_tokens=60,
+                                           parallel_tool_calls=False)
     call = first.choices[0].message.tool_calls[0]
     history = ASK + [first.choices[0].message.model_dump(exclude_none=True),
                      {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temp_c": 18})}]
-    kw = {"messages": history, "tools": [WEATHER], "tool_choice": "none", "temperature": 0, "max_tokens": 40}
+    kw = {"messages": history, "tools": [WEATHER], "tool_choice": "none", "temperature": 0, "max_tokens": 24}
     r = _stream(client, **kw)[0] if stream else client.chat.completions.create(model="default", **kw)
     assert r.choices[0].message.content and not r.choices[0].message.tool_calls
 
@@ -172,7 +175,7 @@ def test_json_schema_streamed(client: OpenAI) -> None:
 
 def test_fifty_seeds_parse_and_validate(client: OpenAI) -> None:
     schema = {"type": "object", "properties": {
-        "title": {"type": "string", "maxLength": 40}, "year": {"type": "integer", "minimum": 1900, "maximum": 2100},
+        "title": {"type": "string", "maxLength": 24}, "year": {"type": "integer", "minimum": 1900, "maximum": 2100},
         "genres": {"type": "array", "items": {"enum": ["drama", "comedy", "horror", "sci-fi"]}, "maxItems": 3},
         "rating": {"type": "integer", "minimum": 1, "maximum": 10}}, "required": ["title", "year", "genres", "rating"],
         "additionalProperties": False}

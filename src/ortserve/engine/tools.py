@@ -108,7 +108,10 @@ def tool_grammar(tools: list[Tool], mode: str, parallel: bool = True) -> str | N
     for i, t in enumerate(chosen):
         head = OPEN + '{"name": ' + json.dumps(t.name) + ', "arguments": '
         lines.append(f"call_{i}: {json.dumps(head)} args_{i} {json.dumps('}' + CLOSE)}")
-        lines.append(f"args_{i}: {schema_lark({'type': 'object', **t.parameters})}")
+        # only the declared properties unless the schema says otherwise: a small model pads calls
+        # with invented keys when JSON's default (extra keys allowed) is left open
+        args = {'type': 'object', 'additionalProperties': False, **t.parameters}
+        lines.append(f"args_{i}: {schema_lark(args)}")
     start = "start: TEXT | calls" if mode == "auto" else "start: calls"
     # prose under auto must not begin like a call; that is the only thing it cannot be
     return "\n".join([start, *lines, r"TEXT: /[^<][\s\S]*/", ""])
