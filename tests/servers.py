@@ -22,10 +22,10 @@ def free_port() -> int:
 
 
 class ServerThread:
-    def __init__(self, model_dir: Path, **settings: Any) -> None:
+    def __init__(self, model_dir: Path, model_id: str = "tiny", **settings: Any) -> None:
         self.port = free_port()
         self.settings = load_settings(host="127.0.0.1", port=self.port, **settings)
-        self.app = create_app(self.settings, model_dir=model_dir, model_id="tiny")
+        self.app = create_app(self.settings, model_dir=model_dir, model_id=model_id)
         self.state = self.app.state.ortserve
         self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port,
                                                     log_level="warning", timeout_graceful_shutdown=5))

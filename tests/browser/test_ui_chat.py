@@ -189,3 +189,24 @@ def test_phone_width_layout(srv: ServerThread, open_page: Any) -> None:
     page.wait_for_function("window.ortDashboard.polls >= 1")
     assert page.evaluate("document.documentElement.scrollWidth") <= 375
     assert w.errors == [] and w.outside() == []
+
+
+def test_tool_calls_and_citations_render(srv: ServerThread, open_page: Any) -> None:
+    w = open_page(srv.url)
+    page = w.page
+    stored = {"id": "t1", "title": "tools", "created": 0, "messages": [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": "It is sunny [1].", "meta": {"finish": "tool_calls"},
+         "tool_calls": [{"id": "call_1", "type": "function",
+                         "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}],
+         "citations": [{"filename": "paris.md", "text": "Paris is often sunny in June.", "score": 0.8}]}]}
+    page.evaluate("c => localStorage.setItem('ortserve.conversations', JSON.stringify([c]))", stored)
+    page.reload()
+    block = page.locator("#messages details.tool-call")
+    assert block.count() == 1 and block.get_attribute("open") is None  # collapsed
+    assert page.inner_text("#messages details.tool-call summary") == "Tool call: get_weather"
+    block.locator("summary").click()
+    assert '"city": "Paris"' in page.inner_text("#messages details.tool-call pre")
+    sources = page.inner_text("#messages details.citations")
+    assert "paris.md" in sources and "Paris is often sunny in June." in sources
+    assert w.errors == [] and w.outside() == []
