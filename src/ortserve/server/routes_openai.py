@@ -11,14 +11,13 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import StreamingResponse
 
 from ortserve.engine import RequestHandle
 from ortserve.server.protocol import ChatCompletionRequest, CompletionRequest
 from ortserve.server.routes_routed import routed_chat, wants_router
 from ortserve.server.routes_seed import state_of
 from ortserve.server.service import collect, engine_error, submit_n, usage
-from ortserve.server.sse import SSE_HEADERS, merge, sse, unless_disconnected
+from ortserve.server.sse import SSE_HEADERS, EventStream, merge, sse, unless_disconnected
 from ortserve.server.structured import (
     ToolPlan,
     chat_logprobs,
@@ -93,7 +92,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         chunks = _chat_chunks(st, handles, rid, created, model, include_usage, span, plan, engine.codec)
-        return StreamingResponse(chunks, media_type="text/event-stream", headers=SSE_HEADERS)
+        return EventStream(chunks, media_type="text/event-stream", headers=SSE_HEADERS)
     answers = await unless_disconnected(request, asyncio.gather(*(collect(h) for h in handles)))
     choices = []
     for i, a in enumerate(answers):
@@ -173,9 +172,9 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
     echo = [prompts[i // body.n] if body.echo else "" for i in range(len(handles))]
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return StreamingResponse(_completion_chunks(st, handles, rid, created, model, include_usage, echo,
-                                                    prompt_tokens, span, engine.codec),
-                                 media_type="text/event-stream", headers=SSE_HEADERS)
+        return EventStream(_completion_chunks(st, handles, rid, created, model, include_usage, echo,
+                                              prompt_tokens, span, engine.codec),
+                           media_type="text/event-stream", headers=SSE_HEADERS)
     answers = await unless_disconnected(request, asyncio.gather(*(collect(h) for h in handles)))
     for a in answers:
         st.record(span, a.metrics, a.finish_reason)

@@ -12,13 +12,13 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 
 from ortserve.errors import InvalidRequest, OrtServeError
 from ortserve.providers.base import ChatRequest, Delta, Hints
 from ortserve.router.router import ChatResult, RouteStart
 from ortserve.server.protocol import ChatCompletionRequest
-from ortserve.server.sse import SSE_HEADERS, sse, unless_disconnected
+from ortserve.server.sse import SSE_HEADERS, EventStream, sse, unless_disconnected
 from ortserve.server.state import ServerState
 
 
@@ -51,8 +51,8 @@ async def routed_chat(body: ChatCompletionRequest, request: Request, st: ServerS
     start: RouteStart = await events.__anext__()  # errors before the first byte are plain HTTP errors
     span.set(model=start.model, provider=start.provider)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    return StreamingResponse(_chunks(events, start, rid, created, include_usage),
-                             media_type="text/event-stream", headers={**SSE_HEADERS, **start.headers()})
+    return EventStream(_chunks(events, start, rid, created, include_usage),
+                       media_type="text/event-stream", headers={**SSE_HEADERS, **start.headers()})
 
 
 async def _chunks(events: AsyncIterator[Any], start: RouteStart, rid: str, created: int,

@@ -7,12 +7,12 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
 from ortserve.engine import RequestHandle
 from ortserve.server.protocol import SeedChatRequest
 from ortserve.server.service import collect
-from ortserve.server.sse import SSE_HEADERS, sse, unless_disconnected
+from ortserve.server.sse import SSE_HEADERS, EventStream, sse, unless_disconnected
 from ortserve.server.state import ServerState
 from ortserve.server.structured import constrain, response_constraint
 from ortserve.telemetry import span_of
@@ -76,7 +76,7 @@ async def chat(body: SeedChatRequest, request: Request) -> dict[str, Any]:
 
 
 @router.post("/v1/chat/stream")
-async def chat_stream(body: SeedChatRequest, request: Request) -> StreamingResponse:
+async def chat_stream(body: SeedChatRequest, request: Request) -> EventStream:
     st, span, handle = await _submit(body, request, streaming=True)
 
     async def events() -> AsyncIterator[str]:
@@ -91,4 +91,4 @@ async def chat_stream(body: SeedChatRequest, request: Request) -> StreamingRespo
                 yield sse({"done": True, "token": "[DONE]", "finish_reason": ev.finish_reason,
                            "metrics": ev.metrics.to_dict() if ev.metrics else None})
 
-    return StreamingResponse(events(), media_type="text/event-stream", headers=SSE_HEADERS)
+    return EventStream(events(), media_type="text/event-stream", headers=SSE_HEADERS)

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Awaitable
 from typing import Any, TypeVar
 
 from starlette.requests import Request
+from starlette.responses import StreamingResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 T = TypeVar("T")
@@ -77,6 +78,22 @@ class SSEPings:
             if pinger is not None:
                 pinger.cancel()
                 await asyncio.wait({pinger})
+
+
+class EventStream(StreamingResponse):
+    """A StreamingResponse that always closes its generator when the response ends. When the
+    client leaves, Starlette cancels the streaming task; if the cancel lands while a chunk is
+    being sent (not inside the generator), the generator stays suspended at its `yield` and its
+    engine requests go on generating until garbage collection finalises it. Closing it here runs
+    its `finally` (and so aborts the requests) at once."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            aclose = getattr(self.body_iterator, "aclose", None)
+            if aclose is not None:
+                await aclose()
 
 
 class ClientDisconnected(asyncio.CancelledError):
