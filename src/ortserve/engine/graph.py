@@ -28,7 +28,10 @@ def last_position_logits(onnx_path: Path) -> bytes | None:
     except ImportError:
         log.warning("the onnx package is missing: prefill computes logits for every prompt position")
         return None
-    model = onnx.load(str(onnx_path), load_external_data=False)
+    try:
+        model = onnx.load(str(onnx_path), load_external_data=False)
+    except Exception:  # noqa: BLE001 - a corrupt file: ONNX Runtime's load reports it as a ModelError
+        return None
     graph = model.graph
     producer = {out: node for node in graph.node for out in node.output}
     node = producer.get("logits")
