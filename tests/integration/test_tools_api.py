@@ -239,3 +239,18 @@ def test_completion_logprobs(client: OpenAI) -> None:
     lp = r.choices[0].logprobs
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 4
     assert "".join(lp.tokens) == r.choices[0].text and all(len(t) == 2 for t in lp.top_logprobs)
+
+
+def test_ask_json_schema(default_model: Path, tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from ortserve.cli.main import cli
+
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
+              "required": ["city"], "additionalProperties": False}
+    (tmp_path / "s.json").write_text(json.dumps(schema))
+    r = CliRunner().invoke(cli, ["ask", "Name a capital in Europe.", "--model", str(default_model), "--json",
+                                 "--json-schema", str(tmp_path / "s.json"), "--temperature", "1.0", "--seed", "3"])
+    assert r.exit_code == 0, r.output
+    answer = json.loads(r.output[r.output.index("{"):])["results"][0]["answer"]
+    jsonschema.validate(json.loads(answer), schema)
