@@ -58,11 +58,16 @@ class OrtServeReplica:
         return self.ortserve_app
 
     def check_health(self) -> None:
-        """Ray calls this every health_check_period_s; raising gets the replica replaced."""
+        """Ray calls this every health_check_period_s; raising gets the replica replaced.
+        The same verdict as the app's /healthz: a failed load or an unhealthy engine."""
         state = self.ortserve_app.state.ortserve
         if state.load_error:
             raise RuntimeError(f"model failed: {state.load_error}")
-        if state.engine is not None and not getattr(self.ortserve_engine.core, "alive", True):
+        engine = state.engine
+        problem = engine.health() if engine is not None and hasattr(engine, "health") else None
+        if problem:
+            raise RuntimeError(f"/healthz says unavailable: {problem}")
+        if engine is not None and not getattr(engine.core, "alive", True):
             raise RuntimeError("the engine loop thread died")
 
 
