@@ -161,12 +161,19 @@ def main() -> None:
     a = ap.parse_args()
     skip = set(a.skip.split(","))
     result: dict[str, Any] = {"load_average_start": os.getloadavg()[0], "cores": os.cpu_count()}
+    def part(name: str, value: Any) -> None:   # each phase to stderr as it finishes (long runs)
+        result[name] = value
+        print(json.dumps({name: value}), file=sys.stderr, flush=True)
+
     if "throughput" not in skip:
-        result["throughput"] = throughput(a.reps, a.batch, a.sentences)
+        part("throughput", throughput(a.reps, a.batch, a.sentences))
     if "ingest" not in skip:
-        result["ingest"] = ingest_rate()
+        part("ingest", ingest_rate())
     if "search" not in skip:
-        result["search"] = [search_latency(int(s)) for s in a.sizes.split(",")]
+        part("search", [])
+        for s in a.sizes.split(","):
+            result["search"].append(search_latency(int(s)))
+            print(json.dumps({"search": result["search"][-1]}), file=sys.stderr, flush=True)
     result["load_average_end"] = os.getloadavg()[0]
     json.dump(result, sys.stdout, indent=1)
     print()
