@@ -224,3 +224,30 @@ def test_tool_calls_and_citations_render(srv: ServerThread, open_page: Any) -> N
     sources = page.inner_text("#messages details.citations")
     assert "paris.md" in sources and "Paris is often sunny in June." in sources
     assert w.errors == [] and w.outside() == []
+
+
+def test_api_key_prompt_then_bearer(tiny_model: Path, open_page: Any) -> None:
+    with ServerThread(tiny_model, api_key="s3cret") as srv:
+        w = open_page(srv.url)  # the page itself loads without the key; its first API call is a 401
+        page = w.page
+        page.wait_for_selector("#key-dialog[open]")
+        page.fill("#key-input", "wrong")
+        page.click("#key-dialog button[value=save]")
+        page.wait_for_selector("#key-dialog[open]")  # refused: asked again, saying so
+        assert "refused" in page.inner_text("#key-message")
+        page.fill("#key-input", "s3cret")
+        page.click("#key-dialog button[value=save]")
+        page.wait_for_selector("#model option[value=tiny]", state="attached")
+        assert page.evaluate("localStorage.getItem('ortserve.apiKey')") == "s3cret"
+        settings(page, max_tokens=8)
+        page.fill("#prompt", "hi")
+        page.keyboard.press("Enter")
+        wait_answered(page)
+        assert "finish: length" in page.inner_text("#messages article.assistant .meta")
+        page.goto(srv.url + "/dashboard")  # the stored key is sent by the dashboard too
+        page.wait_for_function("window.ortDashboard.polls >= 1")
+        assert not page.is_visible("#key-dialog")
+        page.goto(srv.url + "/")
+        page.click("#forget-key")
+        assert page.evaluate("localStorage.getItem('ortserve.apiKey')") is None
+        assert w.outside() == []  # (the 401s are console errors by design: not asserted here)

@@ -38,20 +38,24 @@
     return asking;
   }
 
-  // fetch with the stored key as a Bearer header; on 401 ask for a key and retry once.
+  // fetch with the stored key as a Bearer header; on 401 ask for a key and retry, until the
+  // server takes it or the user cancels (then no more asking until the page is reloaded).
+  let declined = false;
   async function apiFetch(path, options) {
     const opts = Object.assign({}, options || {});
-    for (let attempt = 0; attempt < 2; attempt++) {
+    for (;;) {
       const headers = Object.assign({}, opts.headers || {});
       const key = getKey();
       if (key) headers["Authorization"] = "Bearer " + key;
       const res = await fetch(path, Object.assign({}, opts, { headers }));
-      if (res.status !== 401 || attempt === 1) return res;
-      const body = await res.json().catch(() => ({}));
+      if (res.status !== 401 || declined) return res;
+      const body = await res.clone().json().catch(() => ({}));
       const msg = (body.error && body.error.message) || "This server needs an API key.";
-      if (!(await askKey(getKey() ? "The saved key was refused: " + msg : msg))) return res;
+      if (!(await askKey(getKey() ? "The saved key was refused: " + msg : msg))) {
+        declined = true;
+        return res;
+      }
     }
-    throw new Error("unreachable");
   }
 
   // The OpenAI error shape, as one line for the user.
