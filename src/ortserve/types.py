@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from typing import Any
 
 from ortserve.errors import InvalidRequest
@@ -34,10 +36,17 @@ class SamplingParams:
     regex: str | None = None
     grammar: str | None = None
     logprobs: int | None = None  # report each token's log-probability and this many top alternatives
+    min_p: float = 0.0               # keep tokens with p >= min_p * p_max (after temperature); 0 = off
+    typical_p: float = 1.0           # locally typical sampling mass (Meister et al.); 1 = off
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100]); -100 bans
 
     def __post_init__(self) -> None:
         if self.json_schema is not None and not isinstance(self.json_schema, str):
             object.__setattr__(self, "json_schema", json.dumps(self.json_schema))
+        if isinstance(self.logit_bias, Mapping):
+            object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))
+        elif not isinstance(self.logit_bias, tuple):
+            object.__setattr__(self, "logit_bias", tuple(self.logit_bias))
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         elif not isinstance(self.stop, tuple):
@@ -79,10 +88,88 @@ class SamplingParams:
         for name in constraints:
             if not isinstance(getattr(self, name), str):
                 raise bad(name, "must be a string")
+        if not _finite(self.min_p) or not (0 <= self.min_p <= 1):
+            raise bad("min_p", f"must be in [0, 1], got {self.min_p!r}")
+        if not _finite(self.typical_p) or not (0 < self.typical_p <= 1):
+            raise bad("typical_p", f"must be in (0, 1], got {self.typical_p!r}")
+        if len(self.logit_bias) > 1024:
+            raise bad("logit_bias", f"may bias at most 1024 tokens, got {len(self.logit_bias)}")
+        for pair in self.logit_bias:
+            if (not isinstance(pair, tuple) or len(pair) != 2 or not isinstance(pair[0], int)
+                    or isinstance(pair[0], bool) or pair[0] < 0):
+                raise bad("logit_bias", f"keys must be token ids (integers >= 0), got {pair!r}")
+            if not _finite(pair[1]) or not (-100 <= pair[1] <= 100):
+                raise bad("logit_bias", f"values must be between -100 and 100, got {pair[1]!r} for token {pair[0]}")
+
+    @cached_property
+    def bias_arrays(self) -> tuple[Any, Any, Any]:
+        """logit_bias as numpy (ids, biases, banned ids) for the sampler, computed once per request."""
+        import numpy as np
+
+        ids = np.fromiter((t for t, _ in self.logit_bias), dtype=np.int64, count=len(self.logit_bias))
+        vals = np.fromiter((b for _, b in self.logit_bias), dtype=np.float32, count=len(self.logit_bias))
+        return ids, vals, ids[vals <= -100]
+
+    @property
+    def edits_logits(self) -> bool:
+        """Whether the sampler changes the logits row before choosing (so it must work on a copy)."""
+        return bool(self.repetition_penalty != 1.0 or self.presence_penalty or self.frequency_penalty
+                    or self.logit_bias)
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0 or self.top_k == 1
+
+
+SAMPLING_DEFAULT_FIELDS = ("temperature", "top_p", "top_k", "min_p", "typical_p", "repetition_penalty")
+
+
+@dataclass(frozen=True)
+class SamplingDefaults:
+    """What the sampling fields a request leaves unset become, and where each value came from
+    (``server``: settings; ``model``: the model's generation_config.json or GGUF metadata).
+    Fields it has no value for keep SamplingParams' neutral defaults."""
+
+    values: Mapping[str, float | int] = field(default_factory=dict)
+    sources: Mapping[str, str] = field(default_factory=dict)
+    model_source: str = ""          # which model file the "model" values came from, for `models show`
+
+    def __post_init__(self) -> None:
+        unknown = set(self.values) - set(SAMPLING_DEFAULT_FIELDS)
+        if unknown:
+            raise ValueError(f"not sampling default fields: {sorted(unknown)}")
+        SamplingParams(**self.values)  # type: ignore[arg-type]  # raises InvalidRequest naming a bad one
+
+    @classmethod
+    def layered(cls, server: Mapping[str, float | int], model: Mapping[str, float | int],
+                model_source: str = "") -> SamplingDefaults:
+        """The model's own values over the server's."""
+        values = {**server, **model}
+        sources = {name: "model" if name in model else "server" for name in values}
+        return cls(values=values, sources=sources, model_source=model_source if model else "")
+
+    def fill(self, given: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+        """The request's values with the unset (None) ones filled in, and the names filled."""
+        out, filled = {}, []
+        for name in SAMPLING_DEFAULT_FIELDS:
+            if given.get(name) is not None:
+                out[name] = given[name]
+            elif name in self.values:
+                out[name] = self.values[name]
+                filled.append(name)
+        return out, filled
+
+
+def _bias_pairs(bias: Mapping[Any, Any]) -> tuple[tuple[int, float], ...]:
+    """OpenAI's {"token id as a string": bias} to sorted (int, float) pairs; a bad key is a 400."""
+    pairs = []
+    for key, value in bias.items():
+        try:
+            tid = int(key)
+        except (TypeError, ValueError):
+            raise InvalidRequest(f"'logit_bias' keys must be token ids, got {key!r}", param="logit_bias") from None
+        pairs.append((tid, value))
+    return tuple(sorted(pairs))
 
 
 def _finite(x: Any) -> bool:

@@ -354,7 +354,7 @@ class EngineCore:
         if len(seq.output_ids) < p.min_tokens or p.ignore_eos:
             logits = logits.copy()
             logits[list(self.eos)] = -np.inf
-        elif p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty or seq.guide:
+        elif p.edits_logits or seq.guide:
             logits = logits.copy()
         logits = apply_penalties(logits, p, seq.prompt_ids, seq.counts)
         if seq.guide is not None:

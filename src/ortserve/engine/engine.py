@@ -179,6 +179,9 @@ class AsyncEngine:
             raise InvalidRequest("give 'prompt' (a string) or 'messages'", param="prompt")
         if not ids:
             raise InvalidRequest("the prompt is empty", param="prompt" if messages is None else "messages")
+        if params.logit_bias and params.logit_bias[-1][0] >= (vocab := self.core.runner.spec.vocab_size):
+            raise InvalidRequest(f"'logit_bias' names token {params.logit_bias[-1][0]}; this model's token ids "
+                                 f"are 0..{vocab - 1}", param="logit_bias")
         limit = self.context_length
         if params.fit_context and len(ids) < limit < len(ids) + params.max_tokens:
             # a default max_tokens: shorten it to the room left (finish_reason "length" says so)

@@ -21,6 +21,8 @@ def make_rng(seed: int | None) -> np.random.Generator:
 
 def apply_penalties(logits: np.ndarray, params: SamplingParams, prompt_ids: list[int],
                     counts: dict[int, int]) -> np.ndarray:
+    """Repetition/presence/frequency penalties, then logit_bias, in place (the caller copies the
+    row when ``params.edits_logits``). A bias of -100 bans its token outright."""
     if params.repetition_penalty != 1.0:
         seen = np.fromiter(set(prompt_ids) | counts.keys(), dtype=np.int64)
         if seen.size:
@@ -30,31 +32,38 @@ def apply_penalties(logits: np.ndarray, params: SamplingParams, prompt_ids: list
         ids = np.fromiter(counts.keys(), dtype=np.int64)
         freq = np.fromiter(counts.values(), dtype=np.float32)
         logits[ids] -= params.presence_penalty + params.frequency_penalty * freq
+    if params.logit_bias:
+        ids, vals, banned = params.bias_arrays
+        logits[ids] += vals
+        logits[banned] = -np.inf
     return logits
 
 
 def sample(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
+    """Temperature, then the cuts in vLLM's order (min_p, top_k, top_p, typical_p), then a draw.
+
+    Greedy (temperature 0 or top_k 1) is one argmax and pays for none of the cuts. With min_p
+    on (the server defaults) only its survivors, usually a handful, are sorted and exponentiated.
+    """
     if params.greedy:
         return int(np.argmax(logits))
-    x = logits.astype(np.float64) / params.temperature
-    k = params.top_k if params.top_k and params.top_k < x.size else 0
-    if k == 0 and params.top_p >= 1.0:
+    t = params.temperature
+    k = params.top_k if params.top_k and params.top_k < logits.size else 0
+    if k == 0 and params.top_p >= 1.0 and params.min_p == 0 and params.typical_p >= 1.0:
+        x = logits.astype(np.float64) / t
         p = np.exp(x - x.max())
         return int(np.searchsorted(np.cumsum(p), rng.random() * p.sum(), side="right").clip(0, x.size - 1))
-    n = k or min(_CANDIDATES, x.size)
-    idx = np.argpartition(-x, n - 1)[:n]
-    idx = idx[np.argsort(-x[idx], kind="stable")]
-    p = np.exp(x[idx] - x[idx[0]])
-    if k == 0 and n < x.size:
-        total = np.exp(x - x[idx[0]]).sum()
-        if p.sum() / total < params.top_p:  # the nucleus is wider than the candidates: use all
-            idx = np.argsort(-x, kind="stable")
-            p = np.exp(x[idx] - x[idx[0]])
-    p /= p.sum()
-    if params.top_p < 1.0:
-        keep = int(np.searchsorted(np.cumsum(p), params.top_p, side="left")) + 1
-        p = p[:keep] / p[:keep].sum()
-        idx = idx[:keep]
+    idx, total = _candidates(logits, k, params)
+    x = logits[idx].astype(np.float64) / t
+    p = np.exp(x - x[0])             # idx[0] is the most likely token: p[0] == 1
+    if total == 0.0:                 # the candidates are the whole distribution (after min_p / top_k)
+        total = float(p.sum())
+    if params.top_p < 1.0:           # the nucleus, as a share of what min_p and top_k left
+        keep = int(np.searchsorted(np.cumsum(p) / total, params.top_p, side="left")) + 1
+        p, idx = p[:keep], idx[:keep]
+    p = p / p.sum()
+    if params.typical_p < 1.0:
+        p, idx = _typical(p, idx, params.typical_p)
     return int(idx[rng.choice(len(p), p=p)])
 
 
@@ -70,3 +79,38 @@ def token_logprobs(logits: np.ndarray, token: int, top: int) -> tuple[int, float
         idx = idx[np.argsort(-x[idx], kind="stable")]
         alts = [(int(i), float(x[i] - lse)) for i in idx]
     return token, float(x[token] - lse), alts
+
+
+def _candidates(logits: np.ndarray, k: int, params: SamplingParams) -> tuple[np.ndarray, float]:
+    """Token ids sorted most likely first, after min_p and top_k, holding every token top_p and
+    typical_p can keep; and the mass top_p is measured against (0.0: the candidates' own)."""
+    if params.min_p > 0:             # p / p_max >= min_p  <=>  logit >= max + T log(min_p)
+        top = float(logits.max())
+        idx = np.flatnonzero(logits >= top + params.temperature * np.log(params.min_p))
+        idx = idx[np.argsort(-logits[idx], kind="stable")]
+        return (idx[:k] if k else idx), 0.0
+    if k:
+        idx = np.argpartition(logits, logits.size - k)[-k:]
+        return idx[np.argsort(-logits[idx], kind="stable")], 0.0
+    x = logits.astype(np.float64) / params.temperature
+    top = float(x.max())
+    total = float(np.exp(x - top).sum())
+    if params.top_p < 1.0 and x.size > _CANDIDATES:
+        idx = np.argpartition(x, x.size - _CANDIDATES)[-_CANDIDATES:]
+        idx = idx[np.argsort(-x[idx], kind="stable")]
+        if np.exp(x[idx] - top).sum() / total >= params.top_p:
+            return idx, total
+    return np.argsort(-x, kind="stable"), total  # the nucleus is wider than the candidates, or typical_p only
+
+
+def _typical(p: np.ndarray, idx: np.ndarray, mass: float) -> tuple[np.ndarray, np.ndarray]:
+    """Locally typical sampling as Hugging Face's TypicalLogitsWarper does it: keep the tokens whose
+    surprisal is closest to the entropy, until their mass reaches ``mass`` (at least one token)."""
+    logp = np.log(np.clip(p, 1e-300, None))
+    entropy = -float((p * logp).sum())
+    order = np.argsort(np.abs(-logp - entropy), kind="stable")
+    cum = np.cumsum(p[order])
+    last = min(int(np.count_nonzero(cum < mass)), len(p) - 1)
+    keep = order[:last + 1]
+    q = p[keep]
+    return q / q.sum(), idx[keep]

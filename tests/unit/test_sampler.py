@@ -1,0 +1,94 @@
+"""min_p, typical_p, logit_bias and seeds on the sampler with fixed logits (no model)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from ortserve.engine.sampler import apply_penalties, make_rng, sample
+from ortserve.errors import InvalidRequest
+from ortserve.types import SamplingParams
+
+# probabilities 0.5, 0.3, 0.15, 0.04, 0.01 at temperature 1
+PROBS = np.array([0.5, 0.3, 0.15, 0.04, 0.01])
+LOGITS = np.log(PROBS).astype(np.float32)
+
+
+def draws(params: SamplingParams, n: int = 3000, logits: np.ndarray = LOGITS) -> np.ndarray:
+    rng = make_rng(7)
+    return np.bincount([sample(logits.copy(), params, rng) for _ in range(n)], minlength=logits.size) / n
+
+
+def test_min_p_cuts_the_tail_relative_to_the_top_token() -> None:
+    # min_p 0.1: keep p >= 0.05 (0.1 * 0.5): tokens 0, 1, 2; renormalised 0.5/0.95, 0.3/0.95, 0.15/0.95
+    freq = draws(SamplingParams(temperature=1.0, min_p=0.1))
+    assert freq[3] == 0 and freq[4] == 0
+    assert freq[:3] == pytest.approx(PROBS[:3] / PROBS[:3].sum(), abs=0.03)
+    # min_p 0.5: only p >= 0.25: tokens 0 and 1
+    assert set(np.flatnonzero(draws(SamplingParams(temperature=1.0, min_p=0.5)))) == {0, 1}
+    # without min_p the tail is drawn
+    assert draws(SamplingParams(temperature=1.0))[3] > 0
+
+
+def test_min_p_applies_after_temperature_and_with_top_k_and_top_p() -> None:
+    # at temperature 2 the distribution flattens: p_i ∝ sqrt(PROBS); 0.04 -> sqrt ratio 0.28 >= 0.25
+    hot = draws(SamplingParams(temperature=2.0, min_p=0.25))
+    assert hot[3] > 0 and hot[4] == 0
+    both = draws(SamplingParams(temperature=1.0, top_k=4, top_p=0.9, min_p=0.4))  # min_p keeps 0, 1
+    assert set(np.flatnonzero(both)) == {0, 1}
+
+
+def test_typical_p_keeps_the_tokens_nearest_the_entropy() -> None:
+    # entropy of PROBS is 1.2 nats; surprisals: 0.69, 1.20, 1.90, 3.22, 4.61 -> order 1, 0, 2, 3, 4
+    freq = draws(SamplingParams(temperature=1.0, typical_p=0.5))   # 0.3 < 0.5, then 0.8: keep tokens 1, 0
+    assert set(np.flatnonzero(freq)) == {0, 1}
+    assert set(np.flatnonzero(draws(SamplingParams(temperature=1.0, typical_p=0.2)))) == {1}
+
+
+def test_logit_bias_bans_and_boosts() -> None:
+    banned = SamplingParams(temperature=0, logit_bias={"0": -100})
+    row = apply_penalties(LOGITS.copy(), banned, [], {})
+    assert row[0] == -np.inf and sample(row, banned, make_rng(0)) == 1  # greedy takes the runner-up
+    boosted = SamplingParams(temperature=1.0, logit_bias={"4": 100})
+    freq = draws(boosted, 500, apply_penalties(LOGITS.copy(), boosted, [], {}))
+    assert freq[4] == 1.0
+    small = apply_penalties(LOGITS.copy(), SamplingParams(logit_bias={2: 1.5}), [], {})
+    assert small[2] == pytest.approx(LOGITS[2] + 1.5) and small[1] == LOGITS[1]
+
+
+def test_greedy_ignores_the_cuts_and_edits_only_when_asked() -> None:
+    assert sample(LOGITS.copy(), SamplingParams(temperature=0, min_p=0.9, typical_p=0.1), make_rng(0)) == 0
+    assert not SamplingParams(temperature=0).edits_logits
+    assert SamplingParams(logit_bias={1: -3}).edits_logits
+
+
+def test_seeds_reproduce_with_every_control_on_a_large_vocab() -> None:
+    logits = np.random.default_rng(0).normal(0, 3, 49152).astype(np.float32)
+    p = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, typical_p=0.9,
+                       logit_bias={"5": -100, "9": 2.0}, seed=-5)
+    def run() -> list[int]:
+        rng = make_rng(p.seed)
+        return [sample(apply_penalties(logits.copy(), p, [], {}), p, rng) for _ in range(50)]
+    assert run() == run() and 5 not in run()
+    for only in ({"min_p": 0.05}, {"typical_p": 0.9}, {"top_p": 0.95}, {"top_p": 0.999999}):
+        q = SamplingParams(temperature=0.8, seed=3, **only)
+        assert len({sample(logits, q, make_rng(3)) for _ in range(3)}) == 1
+
+
+@pytest.mark.parametrize("kw,param", [
+    ({"min_p": -0.1}, "min_p"), ({"min_p": 1.5}, "min_p"), ({"typical_p": 0}, "typical_p"),
+    ({"logit_bias": {"x": 1}}, "logit_bias"), ({"logit_bias": {"1": 101}}, "logit_bias"),
+    ({"logit_bias": {"-1": 1}}, "logit_bias"), ({"seed": 2**64}, "seed"), ({"seed": -(2**63) - 1}, "seed"),
+])
+def test_bad_values_name_their_param(kw: dict, param: str) -> None:
+    with pytest.raises(InvalidRequest) as e:
+        SamplingParams(**kw)
+    assert e.value.param == param
+
+
+def test_negative_seeds_are_distinct_generators() -> None:
+    assert make_rng(-1).random() == make_rng(-1).random() != make_rng(1).random()
+    assert make_rng(-1).random() == make_rng(2**64 - 1).random()   # the same 64 bits
+    assert dataclasses.replace(SamplingParams(logit_bias={"3": 1}), seed=1).logit_bias == ((3, 1),)
