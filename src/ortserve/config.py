@@ -119,6 +119,23 @@ class Settings(BaseSettings):
                                   description="Largest file accepted by POST /v1/files (413 above)")
     rag_allow_cloud: bool = Field(False, validation_alias=_env("ORTSERVE_RAG_ALLOW_CLOUD"),
                                   description="Let requests that search a vector store be routed to cloud providers")
+    # sampling defaults: what a request's unset fields become (docs/api-fields.md)
+    default_temperature: float = Field(0.8, ge=0, le=2, validation_alias=_env("ORTSERVE_DEFAULT_TEMPERATURE"),
+                                       description="temperature when a request and the model give none")
+    default_top_p: float = Field(0.95, gt=0, le=1, validation_alias=_env("ORTSERVE_DEFAULT_TOP_P"),
+                                 description="top_p when a request and the model give none")
+    default_top_k: int = Field(40, ge=0, validation_alias=_env("ORTSERVE_DEFAULT_TOP_K"),
+                               description="top_k when a request and the model give none (0 = off)")
+    default_min_p: float = Field(0.05, ge=0, le=1, validation_alias=_env("ORTSERVE_DEFAULT_MIN_P"),
+                                 description="min_p when a request and the model give none (0 = off)")
+    default_typical_p: float = Field(1.0, gt=0, le=1, validation_alias=_env("ORTSERVE_DEFAULT_TYPICAL_P"),
+                                     description="typical_p when a request and the model give none (1 = off)")
+    default_repetition_penalty: float = Field(1.0, gt=0, le=10,
+                                              validation_alias=_env("ORTSERVE_DEFAULT_REPETITION_PENALTY"),
+                                              description="repetition_penalty when a request and the model give none")
+    model_sampling_defaults: bool = Field(True, validation_alias=_env("ORTSERVE_MODEL_SAMPLING_DEFAULTS"),
+                                          description="Prefer the model's own sampling defaults "
+                                                      "(generation_config.json / GGUF) to the ones above")
     # router and telemetry
     router_config: Path | None = Field(None, validation_alias=_env("ORTSERVE_ROUTER_CONFIG"),
                                        description="Routing config file (JSON or TOML); none = local only")

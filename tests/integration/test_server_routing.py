@@ -70,3 +70,12 @@ def test_cloud_failure_falls_back_to_local(srv: ServerThread, cloud: FakeCloud) 
         "metadata": {"complexity": "high"}})
     assert r.status_code == 200 and r.headers["x-ortserve-provider"] == "local"
     assert r.json()["ortserve"]["failed"]
+
+
+def test_routed_requests_refuse_controls_providers_do_not_forward(srv: ServerThread, cloud: FakeCloud) -> None:
+    cloud.reset()
+    for field, value in (("min_p", 0.1), ("typical_p", 0.9), ("logit_bias", {"5": -100})):
+        r = httpx.post(f"{srv.url}/v1/chat/completions", timeout=60, json={
+            "model": "auto", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}], field: value})
+        assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
+    assert cloud.requests == []

@@ -204,6 +204,8 @@ def list_cmd(available: bool, as_json: bool) -> None:
 @handles_errors
 def show_cmd(ref: str, device: str | None, as_json: bool) -> None:
     """A model's variants, their quality and speed, and which one each device would load."""
+    from ortserve.cli.common import settings_from
+    from ortserve.models.sampling import defaults_for
     from ortserve.models.select import resolve, variants_of
 
     store = _store()
@@ -215,8 +217,12 @@ def show_cmd(ref: str, device: str | None, as_json: bool) -> None:
     devices = [device] if device else sorted({"cpu", *(v.device for v in variants)})
     model = variants[0].model
     choices = {d: resolve(store, model, d) for d in devices}
+    settings = settings_from()
+    sampling = {v.id: defaults_for(settings, v.model_dir) for v in variants}
     if as_json:
-        return _emit({"variants": [v.to_json() for v in variants],
+        return _emit({"variants": [{**v.to_json(), "sampling_defaults": {
+                          "values": dict(sampling[v.id].values), "sources": dict(sampling[v.id].sources),
+                          "model_source": sampling[v.id].model_source}} for v in variants],
                       "selection": {d: {"id": r.model_id, "path": str(r.path), "reason": r.reason}
                                     for d, r in choices.items()}})
     for v in variants:
@@ -230,6 +236,9 @@ def show_cmd(ref: str, device: str | None, as_json: bool) -> None:
         click.echo(f"  perplexity    {_quality(v)}" + (f"  reference {v.quality['reference_perplexity']:.2f}"
                                                        if v.quality.get("reference_perplexity") else ""))
         click.echo(f"  decode        {_speed(v)} tok/s (single stream, CPU)")
+        d = sampling[v.id]
+        click.echo("  sampling      " + ", ".join(f"{n}={x:g} ({d.sources[n]})" for n, x in d.values.items())
+                   + (f"  model's from {d.model_source}" if d.model_source else ""))
         if v.aliases:
             click.echo(f"  aliases       {', '.join(v.aliases)}")
     for d, r in choices.items():

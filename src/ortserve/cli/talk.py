@@ -10,18 +10,25 @@ from typing import Any
 import click
 
 from ortserve.cli.common import echo_json, guarded, load_model, model_options, pop_model_flags, settings_from
-from ortserve.errors import OrtServeError
-from ortserve.types import SamplingParams
+from ortserve.errors import InvalidRequest, OrtServeError
+from ortserve.models.sampling import defaults_for
+from ortserve.types import SAMPLING_DEFAULT_FIELDS, SamplingDefaults, SamplingParams
 
 RULE = "═" * 70
 
 
 def sampling_options(fn: Any) -> Any:
+    unset = " (default: the model's, else the server defaults; see `ortserve models show`)"
     for o in reversed([
         click.option("--max-tokens", type=int, default=256, show_default=True),
-        click.option("--temperature", type=float, default=0.7, show_default=True),
-        click.option("--top-p", type=float, default=0.9, show_default=True),
-        click.option("--top-k", type=int, default=50, show_default=True),
+        click.option("--temperature", type=float, default=None, help="0 is greedy" + unset),
+        click.option("--top-p", type=float, default=None, help="Nucleus mass" + unset),
+        click.option("--top-k", type=int, default=None, help="0 is off" + unset),
+        click.option("--min-p", type=float, default=None, help="Drop tokens below min_p x the top one's p" + unset),
+        click.option("--typical-p", type=float, default=None, help="Locally typical sampling mass" + unset),
+        click.option("--repetition-penalty", type=float, default=None, help="Over the whole context" + unset),
+        click.option("--logit-bias", multiple=True, metavar="TOKEN=BIAS",
+                     help="Add BIAS (-100..100; -100 bans) to a token id's logit; repeatable"),
         click.option("--seed", type=int, default=None),
         click.option("--system", default=None, help="System prompt"),
     ]):
@@ -29,9 +36,20 @@ def sampling_options(fn: Any) -> Any:
     return fn
 
 
-def params_from(kw: dict[str, Any]) -> SamplingParams:
-    return SamplingParams(max_tokens=kw.pop("max_tokens"), temperature=kw.pop("temperature"),
-                          top_p=kw.pop("top_p"), top_k=kw.pop("top_k"), seed=kw.pop("seed"))
+def params_from(kw: dict[str, Any], defaults: SamplingDefaults | None = None) -> SamplingParams:
+    """The flags as SamplingParams; the sampling flags left unset take ``defaults``."""
+    given = {name: kw.pop(name) for name in SAMPLING_DEFAULT_FIELDS}
+    sampling, _ = (defaults or SamplingDefaults()).fill(given)
+    bias: dict[str, float] = {}
+    for item in kw.pop("logit_bias"):
+        token, sep, value = item.partition("=")
+        try:
+            bias[token.strip()] = float(value)
+        except ValueError:
+            sep = ""
+        if not sep:
+            raise InvalidRequest(f"--logit-bias takes TOKEN=BIAS, got {item!r}", param="logit_bias")
+    return SamplingParams(max_tokens=kw.pop("max_tokens"), seed=kw.pop("seed"), logit_bias=bias, **sampling)
 
 
 def messages_for(question: str, system: str | None) -> list[dict[str, str]]:
@@ -58,7 +76,10 @@ def ask(questions: tuple[str, ...], as_json: bool, provider: str | None, router_
 
     settings = settings_from(**pop_model_flags(kw), router_config=router_config)
     system = kw.pop("system")
-    params = params_from(kw)
+    # unset sampling flags: the model's defaults, else the server's; none for a cloud provider
+    model = load_model(settings) if provider is None and store is None else None
+    defaults = None if provider is not None else defaults_for(settings, model.dir if model else None)
+    params = params_from(kw, defaults)
     if json_schema is not None:
         if provider is not None:
             raise click.UsageError("--json-schema is enforced by the local engine; drop --provider")
@@ -71,7 +92,7 @@ def ask(questions: tuple[str, ...], as_json: bool, provider: str | None, router_
     if provider is not None:
         _ask_routed(questions, provider, settings, params, system, as_json)
         return
-    with LLM(load_model(settings), settings) as llm:
+    with LLM(model, settings) as llm:
         outs = llm.generate([messages_for(q, system) for q in questions], params, progress=not as_json)
         model_id = llm.engine.model_id
     if as_json:
@@ -153,8 +174,9 @@ def chat(**kw: Any) -> None:
 
     settings = settings_from(**pop_model_flags(kw))
     system = kw.pop("system")
-    params = params_from(kw)
-    with LLM(load_model(settings), settings) as llm:
+    model = load_model(settings)
+    params = params_from(kw, defaults_for(settings, model.dir))
+    with LLM(model, settings) as llm:
         click.echo(f"Chatting with {llm.engine.model_id}. /reset clears the history, /exit leaves.", err=True)
         history: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
         while True:

@@ -27,6 +27,7 @@ from ortserve.models.catalog import (
     embedded_gguf,
 )
 from ortserve.models.quality import perplexity
+from ortserve.models.sampling import for_source
 from ortserve.models.store import ModelStore, Variant, validate_name
 from ortserve.models.validate import check_gguf, check_hf_dir, check_onnx_dir
 
@@ -201,7 +202,7 @@ def import_gguf(store: ModelStore, gguf: Path, model_id: str, *, precision: str 
             fields = build_variant_from_hf(hf, tmp, precision, device, options, progress, ref)
         finally:
             shutil.rmtree(work, ignore_errors=True)
-        return {**fields, "source": f"gguf:{gguf}", "aliases": aliases or []}
+        return {**fields, "source": f"gguf:{gguf}", "aliases": aliases or [], "sampling": for_source(gguf)}
 
     return store.install(model_id, variant_name(precision, device, options), build)
 
@@ -238,7 +239,8 @@ def _build_exact(store: ModelStore, gguf: Path, model_id: str, tmp: Path, progre
                   **genai_facts(tmp), **measure(tmp, "cpu", ref)}
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return {**fields, "notes": {"gguf_exact": report}, "source": f"gguf:{gguf}", "aliases": aliases or []}
+    return {**fields, "notes": {"gguf_exact": report}, "source": f"gguf:{gguf}", "aliases": aliases or [],
+            "sampling": for_source(gguf)}
 
 
 def import_hf_dir(store: ModelStore, hf_dir: Path, model_id: str, *, precision: str = DEFAULT_PRECISION,
@@ -252,7 +254,7 @@ def import_hf_dir(store: ModelStore, hf_dir: Path, model_id: str, *, precision: 
     def build(tmp: Path) -> dict[str, Any]:
         ref = _reference(store, model_id, hf_dir, precision, device, progress, tmp)
         fields = build_variant_from_hf(hf_dir, tmp, precision, device, options, progress, ref)
-        return {**fields, "source": f"hf:{hf_dir}", "aliases": aliases or []}
+        return {**fields, "source": f"hf:{hf_dir}", "aliases": aliases or [], "sampling": for_source(hf_dir)}
 
     return store.install(model_id, variant_name(precision, device, options), build)
 
@@ -269,7 +271,7 @@ def import_onnx_dir(store: ModelStore, src: Path, model_id: str, *, link: bool =
 
     def build(tmp: Path) -> dict[str, Any]:
         fields: dict[str, Any] = {"precision": precision, "device": device, **facts,
-                                  "source": source or f"onnx:{src}"}
+                                  "source": source or f"onnx:{src}", "sampling": for_source(src)}
         if link:
             fields["link"] = str(src)
             model_dir = src

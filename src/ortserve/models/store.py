@@ -64,6 +64,7 @@ class Variant:
     notes: dict[str, Any] = field(default_factory=dict)
     link: str = ""                  # imported with --link: the files live here, not in ``path``
     kind: str = "chat"              # chat (ONNX GenAI) | embedding (engine/embed.py)
+    sampling: dict[str, Any] = field(default_factory=dict)  # the model's own sampling defaults (models/sampling.py)
 
     @property
     def id(self) -> str:

@@ -22,7 +22,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ortserve.errors import InvalidRequest
-from ortserve.types import SamplingParams
+from ortserve.types import SAMPLING_DEFAULT_FIELDS, SamplingDefaults, SamplingParams
 
 # OpenAI fields with no local meaning: accepted, dropped, listed in docs/api-fields.md.
 OPENAI_IGNORED = frozenset({"user", "service_tier", "prompt_cache_key", "safety_identifier"})
@@ -144,6 +144,9 @@ class _Sampling(_Contract):
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
+    min_p: float | None = None
+    typical_p: float | None = None
+    logit_bias: dict[str, float] | None = None
     max_tokens: int | None = None
     min_tokens: int | None = None
     seed: int | None = None
@@ -155,7 +158,6 @@ class _Sampling(_Contract):
     timeout: float | None = Field(None, description="ortserve extension: this request's deadline in "
                                   "seconds, queue time included (default: the server's `timeout`)")
 
-    default_temperature: ClassVar[float] = 1.0
     REFUSED: ClassVar[dict[str, str]] = OPENAI_REFUSED
 
     @field_validator("keep_alive")
@@ -165,8 +167,10 @@ class _Sampling(_Contract):
 
         return parse_keep_alive(v)
 
-    def to_sampling_params(self, default_max_tokens: int, max_tokens_cap: int,
-                           max_tokens: int | None = None) -> SamplingParams:
+    def to_sampling_params(self, default_max_tokens: int, max_tokens_cap: int, max_tokens: int | None = None,
+                           defaults: SamplingDefaults | None = None) -> SamplingParams:
+        """The engine's parameters; sampling fields left unset take ``defaults`` (the model's, then
+        the server's), or SamplingParams' neutral values when there are none (routed requests)."""
         mt = max_tokens if max_tokens is not None else self.max_tokens
         defaulted = mt is None
         if mt is None:
@@ -175,13 +179,18 @@ class _Sampling(_Contract):
             raise InvalidRequest(f"'max_tokens' is {mt}, above this server's cap of {max_tokens_cap}",
                                  param="max_tokens")
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+        sampling, _ = (defaults or SamplingDefaults()).fill(self.model_dump(include=set(SAMPLING_DEFAULT_FIELDS)))
         return SamplingParams(
-            temperature=self.default_temperature if self.temperature is None else self.temperature,
-            top_p=1.0 if self.top_p is None else self.top_p, top_k=self.top_k or 0, max_tokens=mt,
-            min_tokens=self.min_tokens or 0, seed=self.seed, stop=stop,
-            repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
-            presence_penalty=self.presence_penalty or 0.0, frequency_penalty=self.frequency_penalty or 0.0,
-            timeout=self.timeout, fit_context=defaulted)
+            **sampling, max_tokens=mt, min_tokens=self.min_tokens or 0, seed=self.seed, stop=stop,
+            logit_bias=self.logit_bias or {}, presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0, timeout=self.timeout, fit_context=defaulted)
+
+    def sampling_headers(self, params: SamplingParams, defaults: SamplingDefaults) -> dict[str, str]:
+        """X-Ortserve-Sampling: the values used; X-Ortserve-Sampling-Defaults: which were defaulted, from where."""
+        _, filled = defaults.fill(self.model_dump(include=set(SAMPLING_DEFAULT_FIELDS)))
+        used = ", ".join(f"{name}={getattr(params, name):g}" for name in SAMPLING_DEFAULT_FIELDS)
+        return {"X-Ortserve-Sampling": used,
+                "X-Ortserve-Sampling-Defaults": ", ".join(f"{n}={defaults.sources[n]}" for n in filled) or "none"}
 
 
 class SeedChatRequest(_Sampling):
@@ -190,7 +199,6 @@ class SeedChatRequest(_Sampling):
     messages: list[Message] = Field(min_length=1)
     stream: bool | None = None  # must agree with the route: /v1/chat/stream streams, /v1/chat does not
     response_format: dict[str, Any] | None = None
-    default_temperature: ClassVar[float] = 0.7
 
     def check_stream(self, streaming: bool) -> None:
         if self.stream is not None and self.stream != streaming:

@@ -11,8 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
 
 from ortserve.engine import RequestHandle
+from ortserve.models.sampling import defaults_for
 from ortserve.server.protocol import ChatCompletionRequest, CompletionRequest
 from ortserve.server.routes_routed import routed_chat, wants_router
 from ortserve.server.routes_seed import state_of
@@ -81,8 +83,10 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     engine = await st.engine_for(body.model, body.keep_alive)
     model = engine.model_id
     span.set(model=model, provider="local", execution_provider=engine.model.choice.device)
+    defaults = defaults_for(st.settings, engine.model.dir)
     params = body.to_sampling_params(st.settings.default_max_tokens, st.settings.max_tokens_cap,
-                                     body.effective_max_tokens())
+                                     body.effective_max_tokens(), defaults)
+    headers = body.sampling_headers(params, defaults)
     plan = plan_tools(body)
     params = constrain(engine, params, response_constraint(body.response_format), plan)
     params = replace(params, logprobs=body.logprobs_count())
@@ -92,7 +96,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         chunks = _chat_chunks(st, handles, rid, created, model, include_usage, span, plan, engine.codec)
-        return EventStream(chunks, media_type="text/event-stream", headers=SSE_HEADERS)
+        return EventStream(chunks, media_type="text/event-stream", headers={**SSE_HEADERS, **headers})
     answers = await unless_disconnected(request, asyncio.gather(*(collect(h) for h in handles)))
     choices = []
     for i, a in enumerate(answers):
@@ -100,9 +104,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
         message, finish = message_of(a.text, a.finish_reason, plan)
         choices.append({"index": i, "message": message, "logprobs": chat_logprobs(engine.codec, a.logprobs),
                         "finish_reason": finish})
-    return {"id": rid, "object": "chat.completion", "created": created, "model": model,
-            "system_fingerprint": None, "choices": choices,
-            "usage": usage(handles[0].input_tokens, [a.metrics for a in answers])}
+    return JSONResponse({"id": rid, "object": "chat.completion", "created": created, "model": model,
+                         "system_fingerprint": None, "choices": choices,
+                         "usage": usage(handles[0].input_tokens, [a.metrics for a in answers])}, headers=headers)
 
 
 async def _chat_chunks(st: Any, handles: list[RequestHandle], rid: str, created: int, model: str,
@@ -155,7 +159,10 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
     model = engine.model_id
     span = span_of(request)
     span.set(model=model, provider="local", execution_provider=engine.model.choice.device)
-    params: SamplingParams = body.to_sampling_params(st.settings.default_max_tokens, st.settings.max_tokens_cap)
+    defaults = defaults_for(st.settings, engine.model.dir)
+    params: SamplingParams = body.to_sampling_params(st.settings.default_max_tokens, st.settings.max_tokens_cap,
+                                                     defaults=defaults)
+    headers = body.sampling_headers(params, defaults)
     params = constrain(engine, params, response_constraint(body.response_format))
     params = replace(params, logprobs=body.logprobs)
     prompts = body.prompts()
@@ -174,15 +181,16 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return EventStream(_completion_chunks(st, handles, rid, created, model, include_usage, echo,
                                               prompt_tokens, span, engine.codec),
-                           media_type="text/event-stream", headers=SSE_HEADERS)
+                           media_type="text/event-stream", headers={**SSE_HEADERS, **headers})
     answers = await unless_disconnected(request, asyncio.gather(*(collect(h) for h in handles)))
     for a in answers:
         st.record(span, a.metrics, a.finish_reason)
-    return {"id": rid, "object": "text_completion", "created": created, "model": model,
-            "choices": [{"index": i, "text": echo[i] + a.text, "finish_reason": a.finish_reason,
-                         "logprobs": completion_logprobs(engine.codec, a.logprobs, len(echo[i]))}
-                        for i, a in enumerate(answers)],
-            "usage": usage(prompt_tokens, [a.metrics for a in answers])}
+    return JSONResponse({
+        "id": rid, "object": "text_completion", "created": created, "model": model,
+        "choices": [{"index": i, "text": echo[i] + a.text, "finish_reason": a.finish_reason,
+                     "logprobs": completion_logprobs(engine.codec, a.logprobs, len(echo[i]))}
+                    for i, a in enumerate(answers)],
+        "usage": usage(prompt_tokens, [a.metrics for a in answers])}, headers=headers)
 
 
 async def _completion_chunks(st: Any, handles: list[RequestHandle], rid: str, created: int, model: str,

@@ -29,7 +29,8 @@ def wants_router(st: ServerState, model: str | None, served: str) -> bool:
 async def routed_chat(body: ChatCompletionRequest, request: Request, st: ServerState, span: Any) -> Any:
     if body.n != 1:
         raise InvalidRequest("n > 1 is not supported for routed requests", param="n")
-    for name in ("tools", "tool_choice", "functions", "function_call", "response_format"):
+    for name in ("tools", "tool_choice", "functions", "function_call", "response_format",
+                 "min_p", "typical_p", "logit_bias"):
         if getattr(body, name) is not None:  # refused, not dropped: the router does not carry them yet
             raise InvalidRequest(f"'{name}' is served by the local model only; not yet passed through the "
                                  "router to cloud providers", param=name)

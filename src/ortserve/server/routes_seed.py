@@ -10,6 +10,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from ortserve.engine import RequestHandle
+from ortserve.models.sampling import defaults_for
 from ortserve.server.protocol import SeedChatRequest
 from ortserve.server.service import collect
 from ortserve.server.sse import SSE_HEADERS, EventStream, sse, unless_disconnected
@@ -55,21 +56,24 @@ async def metrics(request: Request) -> Response:
 
 
 async def _submit(body: SeedChatRequest, request: Request,
-                  streaming: bool) -> tuple[ServerState, Any, RequestHandle]:
+                  streaming: bool) -> tuple[ServerState, Any, RequestHandle, dict[str, str]]:
     """Validate, queue, and label the request's telemetry span: what both seed routes do first."""
     body.check_stream(streaming)
     st = state_of(request)
     engine = await st.engine_for(body.model, body.keep_alive)
-    params = body.to_sampling_params(st.settings.default_max_tokens, st.settings.max_tokens_cap)
+    defaults = defaults_for(st.settings, engine.model.dir)
+    params = body.to_sampling_params(st.settings.default_max_tokens, st.settings.max_tokens_cap, defaults=defaults)
     params = constrain(engine, params, response_constraint(body.response_format))
     span = span_of(request)
     span.set(model=engine.model_id, provider="local", execution_provider=engine.model.choice.device)
-    return st, span, engine.submit(messages=body.plain_messages(), params=params)
+    handle = engine.submit(messages=body.plain_messages(), params=params)
+    return st, span, handle, body.sampling_headers(params, defaults)
 
 
 @router.post("/v1/chat")
-async def chat(body: SeedChatRequest, request: Request) -> dict[str, Any]:
-    st, span, handle = await _submit(body, request, streaming=False)
+async def chat(body: SeedChatRequest, request: Request, response: Response) -> dict[str, Any]:
+    st, span, handle, headers = await _submit(body, request, streaming=False)
+    response.headers.update(headers)
     answer = await unless_disconnected(request, collect(handle))
     st.record(span, answer.metrics, answer.finish_reason)
     return {"content": answer.text, "finish_reason": answer.finish_reason, "metrics": answer.metrics.to_dict()}
@@ -77,7 +81,7 @@ async def chat(body: SeedChatRequest, request: Request) -> dict[str, Any]:
 
 @router.post("/v1/chat/stream")
 async def chat_stream(body: SeedChatRequest, request: Request) -> EventStream:
-    st, span, handle = await _submit(body, request, streaming=True)
+    st, span, handle, headers = await _submit(body, request, streaming=True)
 
     async def events() -> AsyncIterator[str]:
         async for ev in handle:
@@ -91,4 +95,4 @@ async def chat_stream(body: SeedChatRequest, request: Request) -> EventStream:
                 yield sse({"done": True, "token": "[DONE]", "finish_reason": ev.finish_reason,
                            "metrics": ev.metrics.to_dict() if ev.metrics else None})
 
-    return EventStream(events(), media_type="text/event-stream", headers=SSE_HEADERS)
+    return EventStream(events(), media_type="text/event-stream", headers={**SSE_HEADERS, **headers})
