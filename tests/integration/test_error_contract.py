@@ -18,11 +18,13 @@ from starlette.routing import Route
 
 MSG = [{"role": "user", "content": "hello"}]
 LIMIT = 4096
+UPLOAD_LIMIT = 8192  # /v1/files has its own limit (plus room for the multipart envelope)
 
 
 @pytest.fixture(scope="module")
 def srv(tiny_model: Path) -> Iterator[ServerThread]:
-    with ServerThread(tiny_model, max_tokens_cap=512, max_body_bytes=LIMIT, max_length=1024) as s:
+    with ServerThread(tiny_model, max_tokens_cap=512, max_body_bytes=LIMIT, max_length=1024,
+                      max_upload_bytes=UPLOAD_LIMIT) as s:
         yield s
 
 
@@ -70,8 +72,6 @@ def test_unknown_paths_are_a_404(srv: ServerThread) -> None:
 
 
 def test_oversized_bodies_are_a_413_chunked_or_not(srv: ServerThread) -> None:
-    big = json.dumps({"messages": [{"role": "user", "content": "x" * (LIMIT * 3)}]}).encode()
-
     def chunked() -> Iterator[bytes]:  # no Content-Length: the server only learns the size by reading
         for i in range(0, len(big), 1000):
             yield big[i:i + 1000]
@@ -80,6 +80,8 @@ def test_oversized_bodies_are_a_413_chunked_or_not(srv: ServerThread) -> None:
         for path, methods in routes(srv):
             if "POST" not in methods:
                 continue
+            size = 20 * (UPLOAD_LIMIT + 65536) if path == "/v1/files" else 3 * LIMIT
+            big = json.dumps({"messages": [{"role": "user", "content": "x" * size}]}).encode()
             assert_openai_error(c.post(path, content=big, headers={"content-type": "application/json"}),
                                 413, "payload_too_large")
             r = c.post(path, content=chunked(), headers={"content-type": "application/json"})

@@ -60,7 +60,7 @@ def http_error(req: Request, exc: StarletteHTTPException) -> OrtServeError:
     if exc.status_code == 404:
         return NotFound(f"no route {req.method} {req.url.path}", code="unknown_url")
     if exc.status_code == 405:
-        allowed = {k.lower(): v for k, v in (exc.headers or {}).items()}.get("allow", "")
+        allowed = ", ".join(allowed_methods(req))
         return MethodNotAllowed(f"{req.method} is not allowed on {req.url.path}"
                                 + (f" (allowed: {allowed})" if allowed else ""))
     if exc.status_code == 413:
@@ -68,6 +68,19 @@ def http_error(req: Request, exc: StarletteHTTPException) -> OrtServeError:
     err = InvalidRequest(str(exc.detail)) if exc.status_code < 500 else OrtServeError(str(exc.detail))
     err.status = exc.status_code
     return err
+
+
+def allowed_methods(req: Request) -> list[str]:
+    """Every method some route serves at this path (Starlette's Allow names only the first route
+    that matched the path, and /v1/files has a GET route and a POST route)."""
+    from starlette.routing import Match
+
+    allowed = []
+    for method in ("GET", "POST", "PUT", "PATCH", "DELETE"):
+        scope = {**req.scope, "method": method}
+        if any(route.matches(scope)[0] == Match.FULL for route in req.app.router.routes):
+            allowed.append(method)
+    return allowed
 
 
 def create_app(settings: Settings, *, engine: AsyncEngine | None = None, model_dir: Path | None = None,
@@ -115,7 +128,11 @@ def create_app(settings: Settings, *, engine: AsyncEngine | None = None, model_d
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(req: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return error_response(http_error(req, exc), headers=exc.headers)
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            headers = {k: v for k, v in headers.items() if k.lower() != "allow"}
+            headers["Allow"] = ", ".join(allowed_methods(req))
+        return error_response(http_error(req, exc), headers=headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_req: Request, err: RequestValidationError) -> JSONResponse:

@@ -39,6 +39,7 @@ async def locked(fn: Any, *args: Any, **kw: Any) -> Any:
 async def create_file(request: Request) -> dict[str, Any]:
     st = state_of(request)
     if not request.headers.get("content-type", "").startswith("multipart/form-data"):
+        await request.body()  # read it first (up to the upload limit): an oversized body is a 413, whatever its type
         raise InvalidRequest("upload files as multipart/form-data with fields 'file' and 'purpose'", param="file")
     limit = st.settings.max_upload_bytes
     form = await request.form(max_files=1, max_fields=4)
