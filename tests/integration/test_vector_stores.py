@@ -137,3 +137,19 @@ def test_delete_store(client: openai.OpenAI, srv: ServerThread) -> None:
     with pytest.raises(openai.NotFoundError):
         client.vector_stores.retrieve(vs.id)
     assert not (srv.settings.rag_path / "stores" / f"{vs.id}.sqlite").exists()
+
+
+def test_lists_paginate_and_refuse_unknown_query_parameters(client: openai.OpenAI, store,
+                                                             srv: ServerThread) -> None:
+    # the SDK's auto-pagination walks `after` cursors one object at a time
+    walked = [f.id for f in client.vector_stores.files.list(vector_store_id=store.id, limit=1)]
+    assert len(walked) == 3 == len(set(walked))
+    first = client.vector_stores.files.list(vector_store_id=store.id, limit=2, order="asc")
+    assert len(first.data) == 2 and first.has_more
+    rest = client.vector_stores.files.list(vector_store_id=store.id, limit=2, order="asc", after=first.data[-1].id)
+    assert [f.id for f in first.data + rest.data] == list(reversed(walked)) and not rest.has_more
+    assert [v.id for v in client.vector_stores.list(limit=100)][:1] == [v.id for v in client.vector_stores.list(limit=1).data]
+    for query, param in (("bogus=1", "bogus"), ("limit=0", "limit"), ("order=up", "order"), ("after=file-x", "after")):
+        r = httpx.get(f"{srv.url}/v1/files?{query}", timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, (query, r.text)
+    assert all(f.purpose == "assistants" for f in client.files.list(purpose="assistants"))

@@ -11,6 +11,7 @@ from fastapi.responses import Response
 from ortserve.errors import InvalidRequest, PayloadTooLarge
 from ortserve.rag.index import RagStore
 from ortserve.rag.ingest import safe_filename
+from ortserve.server.pagination import page
 from ortserve.server.routes_seed import state_of
 
 router = APIRouter()
@@ -68,8 +69,10 @@ async def create_file(request: Request) -> dict[str, Any]:
 @router.get("/v1/files")
 async def list_files(request: Request) -> dict[str, Any]:
     data = await locked(rag_of(request).files)
-    return {"object": "list", "data": data, "has_more": False,
-            "first_id": data[0]["id"] if data else None, "last_id": data[-1]["id"] if data else None}
+    purpose = request.query_params.get("purpose")
+    if purpose is not None:
+        data = [f for f in data if f.get("purpose") == purpose]
+    return page(request, data, default_limit=10000, max_limit=10000, known=("purpose",))
 
 
 @router.get("/v1/files/{file_id}")

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ortserve.errors import InvalidRequest
 from ortserve.rag.ingest import DEFAULT_CHUNK_TOKENS, DEFAULT_OVERLAP_TOKENS
+from ortserve.server.pagination import page
 from ortserve.server.routes_files import locked, rag_of
 from ortserve.server.routes_seed import state_of
 
@@ -83,11 +84,6 @@ class Search(BaseModel):
         return q
 
 
-def _page(data: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"object": "list", "data": data, "has_more": False,
-            "first_id": data[0]["id"] if data else None, "last_id": data[-1]["id"] if data else None}
-
-
 @router.post("/v1/vector_stores")
 async def create_store(body: CreateStore, request: Request) -> dict[str, Any]:
     st, rag = state_of(request), rag_of(request)
@@ -103,7 +99,7 @@ async def create_store(body: CreateStore, request: Request) -> dict[str, Any]:
 
 @router.get("/v1/vector_stores")
 async def list_stores(request: Request) -> dict[str, Any]:
-    return _page(await locked(rag_of(request).vector_stores))
+    return page(request, await locked(rag_of(request).vector_stores))
 
 
 @router.get("/v1/vector_stores/{vs_id}")
@@ -130,7 +126,7 @@ async def add_file(vs_id: str, body: AddFile, request: Request) -> dict[str, Any
 async def list_store_files(vs_id: str, request: Request, filter: str | None = None) -> dict[str, Any]:
     if filter is not None and filter not in ("in_progress", "completed", "failed", "cancelled"):
         raise InvalidRequest(f"unknown status filter {filter!r}", param="filter")
-    return _page(await locked(rag_of(request).vs_files, vs_id, filter))
+    return page(request, await locked(rag_of(request).vs_files, vs_id, filter), known=("filter",))
 
 
 @router.get("/v1/vector_stores/{vs_id}/files/{file_id}")
