@@ -141,7 +141,7 @@ def test_api_key_and_queue_full(tiny_model: Path) -> None:
         body = {"messages": MSG, "max_tokens": 1500, "min_tokens": 1500, "temperature": 0, "stream": True}
 
         async def main() -> None:
-            async with httpx.AsyncClient(timeout=120, headers=auth) as client:
+            async with httpx.AsyncClient(timeout=600, headers=auth) as client:
                 url = f"{s.url}/v1/chat/completions"
                 async with client.stream("POST", url, json=body) as running:
                     lines = running.aiter_lines()
