@@ -19,8 +19,10 @@ def test_dashboard_charts_update_live(srv: ServerThread, open_page: Any) -> None
     points = page.evaluate("window.ortDashboard.charts['chart-tps'].data[0].length")
 
     def ask(model: str) -> int:
-        r = httpx.post(f"{srv.url}/v1/chat/completions", timeout=60,
-                       json={"model": model, "max_tokens": 64, "messages": MSG})
+        # long enough (min_tokens) that 250 ms polls see them running, on a fast machine too
+        length = {"max_tokens": 400, "min_tokens": 400} if model != "auto" else {"max_tokens": 64}
+        r = httpx.post(f"{srv.url}/v1/chat/completions", timeout=120,
+                       json={"model": model, "messages": MSG, **length})
         return r.status_code
 
     with concurrent.futures.ThreadPoolExecutor(4) as pool:  # local ones run together: running > 1
