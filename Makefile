@@ -31,7 +31,7 @@ serve: $(STAMP)
 # CI runs `make test`: the lint rules (Windows-safe I/O among them) hold because it runs ruff first.
 test: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=15 tests
 
 unit: $(STAMP)
 	$(PY) -m pytest -q tests/unit
