@@ -66,8 +66,20 @@ def onnx_file(path: Path) -> Path | None:
 
 
 def is_onnx_embedding_dir(path: Path) -> bool:
-    return (not (path / "genai_config.json").is_file() and onnx_file(path) is not None
-            and (path / "tokenizer.json").is_file())
+    f = onnx_file(path)
+    return (not (path / "genai_config.json").is_file() and f is not None
+            and (path / "tokenizer.json").is_file() and not _is_decoder(f))
+
+
+def _is_decoder(onnx_path: Path) -> bool:
+    """A decoder with a KV cache (a GenAI model that lost its genai_config.json), not an encoder."""
+    try:
+        import onnx
+
+        graph = onnx.load(str(onnx_path), load_external_data=False).graph
+    except Exception:  # noqa: BLE001 - unreadable here: let the embedding import report it
+        return False
+    return any(i.name.startswith("past_key_values") for i in graph.input)
 
 
 def st_config(path: Path, hidden_size: int | None = None) -> dict[str, Any]:
