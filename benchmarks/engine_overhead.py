@@ -44,6 +44,10 @@ def bare_loop(engine: AsyncEngine, ids: list[int], gen: int) -> tuple[float, flo
     Returns (decode tok/s, session.run share of the decode time, tokens)."""
     runner = engine.model.runner
     eos = list(runner.spec.eos_token_ids)  # masked, as ignore_eos does in the engine
+    # the engine thread may still be ending the step that finished its last request (retiring,
+    # shrinking the idle cache): the runner is shared, so wait until that step is over
+    while engine.core.step_started is not None or engine.core.running:
+        time.sleep(0.001)
 
     def pick(logits: np.ndarray) -> int:
         logits[eos] = -np.inf
