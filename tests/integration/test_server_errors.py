@@ -145,7 +145,11 @@ def test_api_key_and_queue_full(tiny_model: Path) -> None:
                 url = f"{s.url}/v1/chat/completions"
                 async with client.stream("POST", url, json=body) as running:
                     lines = running.aiter_lines()
-                    assert (await lines.__anext__()).startswith("data: ")  # generating: holds the one slot
+                    assert (await lines.__anext__()).startswith("data: ")  # accepted (the role chunk)
+                    deadline = time.monotonic() + 60  # the event: it left the queue and holds the one slot
+                    while s.state.engine.stats().waiting and time.monotonic() < deadline:
+                        await asyncio.sleep(0.01)
+                    assert s.state.engine.stats().running == 1
                     queued = asyncio.ensure_future(client.post(url, json={**body, "stream": False}))
                     deadline = time.monotonic() + 60  # the event: the second request is queued
                     while s.state.engine.stats().waiting != 1 and time.monotonic() < deadline:
