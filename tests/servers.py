@@ -34,14 +34,8 @@ class ServerThread:
 
     def __enter__(self) -> Self:
         self.thread.start()
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
+        if wait_healthy(self.url, 60):
+            return self
         raise RuntimeError("server did not become healthy")
 
     def __exit__(self, *exc: object) -> None:
@@ -57,3 +51,17 @@ class ServerThread:
                 break
             time.sleep(0.05)
         return stats
+
+
+def wait_healthy(url: str, timeout: float, proc: Any = None, poll: float = 0.1) -> bool:
+    """Poll ``url``/healthz until it answers 200 (True), ``timeout`` seconds pass or ``proc``
+    (a Popen running the server) exits (False)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and (proc is None or proc.poll() is None):
+        try:
+            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        time.sleep(poll)
+    return False

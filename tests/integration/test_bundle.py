@@ -9,13 +9,12 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from servers import free_port
+from servers import free_port, wait_healthy
 
 from ortserve.bundle import build_ortserve_wheel
 from ortserve.models.store import ModelStore
@@ -91,14 +90,7 @@ def test_the_bundle_installs_offline_and_serves(venv: tuple[Path, Path], tmp_pat
                             env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             encoding="utf-8", errors="replace")
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
+        wait_healthy(f"http://127.0.0.1:{port}", 120, proc)
         r2 = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=60,
                         json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
         assert r2.status_code == 200 and r2.json()["usage"]["completion_tokens"] >= 1

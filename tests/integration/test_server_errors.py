@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from servers import ServerThread, free_port
+from servers import ServerThread, free_port, wait_healthy
 
 MSG = [{"role": "user", "content": "hello"}]
 
@@ -174,13 +174,7 @@ def test_sigterm_drains_in_flight_then_exits(tiny_model: Path, tmp_path: Path) -
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
+        wait_healthy(url, 60, proc)
         body = {"messages": MSG, "stream": True, "max_tokens": 2000, "min_tokens": 2000, "temperature": 0}
         pieces = []
         with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=60) as resp:

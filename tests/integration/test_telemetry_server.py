@@ -12,7 +12,6 @@ import json
 import logging
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
+from servers import wait_healthy
 
 from ortserve.config import load_settings
 from ortserve.telemetry import names as n
@@ -53,15 +53,7 @@ def _running(settings: Any, model_dir: Path) -> Iterator[tuple[str, Any]]:
     thread.start()
     base = f"http://127.0.0.1:{settings.port}"
     try:
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            try:
-                if httpx.get(f"{base}/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        else:
+        if not wait_healthy(base, 120):
             pytest.fail("server did not become healthy")
         yield base, state
     finally:
