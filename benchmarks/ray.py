@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from _common import QUESTIONS, emit, machine, median, model_dir
+from _common import QUESTIONS, emit, machine, median, model_dir, wait_healthy
 
 # This file is ray.py: drop its directory from the path so that `import ray` finds Ray.
 HERE = Path(__file__).resolve().parent
@@ -66,14 +66,8 @@ def start_direct(path: Path, port: int) -> subprocess.Popen[bytes]:
     cmd = [sys.executable, "-m", "ortserve.cli.main", "serve", "--model", str(path), "--port", str(port),
            "--intra-op-threads", "1", "--max-batch", "16", "--log-level", "warning"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
+    if wait_healthy(f"http://127.0.0.1:{port}", 300, poll=0.5):
+        return proc
     proc.kill()
     raise RuntimeError("the direct server did not start")
 

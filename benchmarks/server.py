@@ -18,7 +18,7 @@ import sys
 import time
 
 import httpx
-from _common import QUESTIONS, emit, machine, median, model_dir
+from _common import QUESTIONS, emit, machine, median, model_dir, wait_healthy
 
 from ortserve.config import load_settings
 from ortserve.engine import AsyncEngine
@@ -86,13 +86,7 @@ def main() -> None:
                              "--port", str(args.port), "--log-level", "warning"], env=os.environ.copy())
     url = f"http://127.0.0.1:{args.port}"
     try:
-        for _ in range(600):
-            try:
-                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
+        wait_healthy(url, 120, poll=0.1)  # 600 polls of 0.1 s and up to 1 s each, before
         eng, srv = asyncio.run(measure(path, url, args.gen, args.reps, 16))
     finally:
         proc.terminate()

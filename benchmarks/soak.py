@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 import psutil
-from _common import QUESTIONS, emit, machine, model_dir
+from _common import QUESTIONS, emit, machine, model_dir, wait_healthy
 
 
 class Soak:
@@ -191,14 +191,7 @@ def main() -> None:
                                "--port", str(args.port)], env=env)
     url = f"http://127.0.0.1:{args.port}"
     try:
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
+        wait_healthy(url, 180, poll=0.5)
         result = {"benchmark": "soak", "model": model_id, "machine": machine(), "warmup_s": args.warmup,
                   **asyncio.run(run(url, server.pid, args))}
     finally:
