@@ -7,6 +7,7 @@ subprocess, so the serving process never loads PyTorch.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ortserve.errors import DependencyMissing, ModelError
+from ortserve.models.winjob import kill_with_parent
 
 PRECISIONS = ("fp32", "fp16", "int8", "int4")
 BUILDER_DEVICES = ("cpu", "cuda", "dml", "webgpu")
@@ -27,6 +29,7 @@ QUANT_OPTIONS = ("block_size", "algo_config", "matmul_mixed_precision", "accurac
                  "is_symmetric", "nodes_to_exclude")
 
 Progress = Callable[[str], None]
+log = logging.getLogger(__name__)
 
 
 def _need_convert_deps() -> None:
@@ -109,8 +112,7 @@ def build_onnx(hf_dir: Path, out_dir: Path, *, precision: str = "int8", device: 
     say = progress or (lambda _m: None)
     say(f"building {precision} for {device}")
     t0 = time.monotonic()
-    proc = subprocess.run(cmd, env=env, capture_output=True, encoding="utf-8", errors="replace", check=False,
-                          **own_process_group())
+    proc = run_builder(cmd, env)
     shutil.rmtree(cache, ignore_errors=True)
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
@@ -120,10 +122,28 @@ def build_onnx(hf_dir: Path, out_dir: Path, *, precision: str = "int8", device: 
     return out_dir
 
 
+def run_builder(cmd: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """Run the builder child in its own process group; on Windows also in a kill-on-close job."""
+    with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, encoding="utf-8",
+                          errors="replace", **own_process_group()) as child:
+        job = None
+        try:
+            job = kill_with_parent(child._handle) if sys.platform == "win32" else None  # type: ignore[attr-defined]
+        except OSError as exc:  # the child's own watchdog still ends it when the parent goes
+            log.warning("%s", exc)
+        try:
+            out, err = child.communicate()
+        finally:
+            if job is not None:
+                job.close()
+    return subprocess.CompletedProcess(cmd, child.returncode, out, err)
+
+
 def own_process_group() -> dict[str, Any]:
     """Popen arguments that put a child in its own process group (Ctrl-C goes to the parent only).
 
-    The child still dies with its parent: ortserve.models.builder_child watches for that itself.
+    The child still dies with its parent: ortserve.models.builder_child watches for that itself,
+    and on Windows `run_builder` also puts it in a kill-on-close job (ortserve.models.winjob).
     """
     if os.name == "nt":
         return {"creationflags": subprocess.CREATE_NEW_PROCESS_GROUP}
