@@ -2,7 +2,12 @@
 one the OpenAI chat completions API (both streaming and not). A script of behaviours per
 request injects failures: "ok", "500", "503", "429", "400", "401", "404", "timeout",
 "sse-error" (HTTP 200, then an error event before any text), "break" (text, then the
-connection dies mid-stream)."""
+connection dies mid-stream).
+
+Tool calls: with `calls` set ([(name, arguments JSON)]), a request that carries tools is
+answered with those calls in the server's own protocol (OpenAI `tool_calls`, Anthropic
+`tool_use` blocks; a forced Anthropic tool answers under its own name), streamed in
+`piece`-character argument pieces."""
 
 from __future__ import annotations
 
@@ -40,6 +45,16 @@ class FakeCloud:
     echo_key: bool = True
     requests: list[dict[str, Any]] = field(default_factory=list)
     port: int = 0
+    calls: list[tuple[str, str]] = field(default_factory=list)
+    piece: int = 4
+
+    def pieces(self, arguments: str) -> list[str]:
+        return [arguments[i:i + self.piece] for i in range(0, len(arguments), self.piece)]
+
+    @property
+    def body(self) -> dict[str, Any]:
+        """The last upstream request body."""
+        return self.requests[-1]["body"]
 
     @property
     def url(self) -> str:
@@ -73,6 +88,7 @@ class FakeCloud:
     def reset(self) -> None:
         self.requests.clear()
         self.script.clear()
+        self.calls.clear()
 
     # -- the app -----------------------------------------------------------------------------
     def app(self) -> FastAPI:
@@ -92,6 +108,8 @@ class FakeCloud:
             words = [w + " " for w in self.reply.split(" ")]
             words[-1] = words[-1].rstrip()
             prompt_tokens = sum(len(str(m.get("content", "")).split()) for m in body["messages"])
+            if self.calls and body.get("tools"):
+                return self.tool_answer(body, prompt_tokens)
             if body.get("stream"):
                 gen = self.anthropic_sse if self.kind == "anthropic" else self.openai_sse
                 return StreamingResponse(gen(body, words, prompt_tokens, action),
@@ -109,6 +127,68 @@ class FakeCloud:
                           "total_tokens": prompt_tokens + len(words)}})
 
         return app
+
+    def answer_calls(self, body: dict[str, Any]) -> list[tuple[str, str]]:
+        forced = body.get("tool_choice") or {}
+        if self.kind == "anthropic" and forced.get("type") == "tool":  # one call, to the forced tool
+            return [(forced["name"], self.calls[0][1])]
+        return list(self.calls)
+
+    def tool_answer(self, body: dict[str, Any], prompt_tokens: int) -> Response:
+        calls = self.answer_calls(body)
+        if body.get("stream"):
+            gen = self.anthropic_tool_sse if self.kind == "anthropic" else self.openai_tool_sse
+            return StreamingResponse(gen(body, calls), media_type="text/event-stream")
+        if self.kind == "anthropic":
+            content = [{"type": "tool_use", "id": f"toolu_{i}", "name": n, "input": json.loads(a)}
+                       for i, (n, a) in enumerate(calls)]
+            return JSONResponse({"id": "msg_fake", "type": "message", "role": "assistant", "model": body["model"],
+                                 "content": content, "stop_reason": "tool_use", "stop_sequence": None,
+                                 "usage": {"input_tokens": prompt_tokens, "output_tokens": 9}})
+        tool_calls = [{"id": f"call_{i}", "type": "function", "function": {"name": n, "arguments": a}}
+                      for i, (n, a) in enumerate(calls)]
+        return JSONResponse({
+            "id": "chatcmpl-fake", "object": "chat.completion", "created": int(time.time()), "model": body["model"],
+            "choices": [{"index": 0, "finish_reason": "tool_calls",
+                         "message": {"role": "assistant", "content": None, "tool_calls": tool_calls}}],
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 9, "total_tokens": prompt_tokens + 9}})
+
+    async def openai_tool_sse(self, body: dict[str, Any], calls: list[tuple[str, str]]) -> AsyncIterator[bytes]:
+        def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+            data = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 0, "model": body["model"],
+                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+            return f"data: {json.dumps(data)}\n\n".encode()
+
+        yield chunk({"role": "assistant", "content": None})
+        for i, (name, args) in enumerate(calls):
+            yield chunk({"tool_calls": [{"index": i, "id": f"call_{i}", "type": "function",
+                                         "function": {"name": name, "arguments": ""}}]})
+            for piece in self.pieces(args):
+                yield chunk({"tool_calls": [{"index": i, "function": {"arguments": piece}}]})
+                await asyncio.sleep(0)
+        yield chunk({}, "tool_calls")
+        yield b"data: [DONE]\n\n"
+
+    async def anthropic_tool_sse(self, body: dict[str, Any], calls: list[tuple[str, str]]) -> AsyncIterator[bytes]:
+        def ev(name: str, data: dict[str, Any]) -> bytes:
+            return f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
+
+        yield ev("message_start", {"type": "message_start", "message": {
+            "id": "msg_fake", "type": "message", "role": "assistant", "model": body["model"], "content": [],
+            "stop_reason": None, "usage": {"input_tokens": 5, "output_tokens": 1}}})
+        for i, (name, args) in enumerate(calls):
+            yield ev("content_block_start", {"type": "content_block_start", "index": i, "content_block": {
+                "type": "tool_use", "id": f"toolu_{i}", "name": name, "input": {}}})
+            yield ev("content_block_delta", {"type": "content_block_delta", "index": i,
+                                             "delta": {"type": "input_json_delta", "partial_json": ""}})
+            for piece in self.pieces(args):
+                yield ev("content_block_delta", {"type": "content_block_delta", "index": i,
+                                                 "delta": {"type": "input_json_delta", "partial_json": piece}})
+                await asyncio.sleep(0)
+            yield ev("content_block_stop", {"type": "content_block_stop", "index": i})
+        yield ev("message_delta", {"type": "message_delta", "delta": {"stop_reason": "tool_use", "stop_sequence": None},
+                                   "usage": {"output_tokens": 9}})
+        yield ev("message_stop", {"type": "message_stop"})
 
     def error(self, status: int, key: str) -> JSONResponse:
         msg = f"fake failure {status}"

@@ -14,7 +14,7 @@ import pytest
 from router_fakes import FakeCloud, FakeEngine, free_port
 
 from ortserve.config import load_settings
-from ortserve.errors import Overloaded, ProviderError, Unavailable
+from ortserve.errors import InvalidRequest, Overloaded, ProviderError, Unavailable
 from ortserve.providers.base import ChatRequest, Delta, Hints
 from ortserve.router.config import parse_config
 from ortserve.router.costs import Ledger
@@ -71,10 +71,10 @@ def make_router(a: FakeCloud, o: FakeCloud, tmp: Path, engine: FakeEngine | None
                               ledger=Ledger(tmp / "costs.sqlite"))
 
 
-def req(text: str = "Explain this please", **hints: Any) -> ChatRequest:
+def req(text: str = "Explain this please", params: SamplingParams | None = None, **hints: Any) -> ChatRequest:
     hints.setdefault("complexity", "high")
     return ChatRequest(messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": text}],
-                       params=SamplingParams(max_tokens=32, temperature=0.5, stop=("END",)),
+                       params=params or SamplingParams(max_tokens=32, temperature=0.5, stop=("END",)),
                        hints=Hints(**hints))
 
 
@@ -366,3 +366,70 @@ def test_no_config_means_no_network(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     _, final = go(router, collect(router, hard))
     assert res.provider == final.provider == "local" and res.cost_usd == 0
     assert Ledger(settings.ledger_path).report().requests == 2
+
+
+# Every sampling field a routed request can set: (value, sent as, carried by OpenRouter, by Anthropic).
+FIELDS: dict[str, tuple[Any, Any, bool, bool]] = {
+    "seed": (7, 7, True, False),
+    "presence_penalty": (0.5, 0.5, True, False),
+    "frequency_penalty": (0.25, 0.25, True, False),
+    "logit_bias": ({12: -100.0}, {"12": -100.0}, True, False),
+    "top_k": (20, 20, True, True),
+    "min_p": (0.1, 0.1, True, False),
+    "repetition_penalty": (1.2, 1.2, True, False),
+    "typical_p": (0.9, 0.9, False, False),
+    "min_tokens": (4, 4, False, False),
+    "timeout": (30.0, None, False, False),
+}
+
+
+@pytest.mark.parametrize("name", FIELDS)
+def test_each_sampling_field_is_sent_or_refused_never_dropped(anth: FakeCloud, orouter: FakeCloud, tmp_path: Path,
+                                                              name: str) -> None:
+    value, wire, by_openrouter, by_anthropic = FIELDS[name]
+    router = make_router(anth, orouter, tmp_path)
+    for provider, fake, carried in (("openrouter", orouter, by_openrouter), ("anthropic", anth, by_anthropic)):
+        pinned = ChatRequest(messages=[{"role": "user", "content": "hi"}], model=provider,
+                             params=SamplingParams(max_tokens=8, **{name: value}))
+        if carried:
+            go(router, router.chat(pinned))
+            assert fake.requests[-1]["body"][name] == wire, provider
+        else:
+            with pytest.raises(InvalidRequest) as info:
+                go(router, router.chat(pinned))
+            assert info.value.param == name and info.value.status == 400, provider
+    assert len(orouter.requests) == by_openrouter and len(anth.requests) == by_anthropic
+
+
+def test_fields_at_their_neutral_value_are_not_sent(anth: FakeCloud, orouter: FakeCloud, tmp_path: Path) -> None:
+    router = make_router(anth, orouter, tmp_path)
+    for provider in ("anthropic", "openrouter"):
+        go(router, router.chat(ChatRequest(messages=[{"role": "user", "content": "hi"}], model=provider,
+                                           params=SamplingParams(max_tokens=8, seed=None, top_k=0))))
+    assert not set(FIELDS) & set(anth.body) and not set(FIELDS) & set(orouter.body)
+    assert "temperature" not in anth.body  # 1.0 is Anthropic's default; sent only when set otherwise
+
+
+def test_anthropic_refuses_temperature_above_one(anth: FakeCloud, orouter: FakeCloud, tmp_path: Path) -> None:
+    router = make_router(anth, orouter, tmp_path)
+    with pytest.raises(InvalidRequest) as info:
+        go(router, router.chat(ChatRequest(messages=[{"role": "user", "content": "hi"}], model="anthropic",
+                                           params=SamplingParams(temperature=1.5))))
+    assert info.value.param == "temperature" and anth.requests == []
+
+
+def test_a_provider_that_cannot_carry_a_field_is_skipped(anth: FakeCloud, orouter: FakeCloud, tmp_path: Path) -> None:
+    engine = FakeEngine()
+    router = make_router(anth, orouter, tmp_path, engine=engine)
+    seeded = req(params=SamplingParams(max_tokens=8, seed=3))
+    res = go(router, router.chat(seeded))  # default anthropic has no seed: OpenRouter answers it
+    assert res.provider == "openrouter" and "anthropic skipped because it cannot take 'seed'" in res.reason
+    assert orouter.body["seed"] == 3 and anth.requests == []
+    typical = req(params=SamplingParams(max_tokens=8, typical_p=0.5))
+    res = go(router, router.chat(typical))  # neither cloud protocol has typical_p: the local engine does
+    assert res.provider == "local" and engine.submitted[-1]["params"].typical_p == 0.5
+    only_clouds = make_router(anth, orouter, tmp_path, fallbackChain=["anthropic", "openrouter"])
+    with pytest.raises(InvalidRequest) as info:
+        go(only_clouds, only_clouds.chat(typical))
+    assert info.value.param == "typical_p"
+    assert len(anth.requests) == 0 and len(orouter.requests) == 1

@@ -24,7 +24,7 @@ def srv(tiny_model: Path, cloud: FakeCloud, tmp_path_factory: pytest.TempPathFac
     home = tmp_path_factory.mktemp("route-home")
     cfg = home / "route.json"
     cfg.write_text(json.dumps({
-        "defaultProvider": "openrouter", "fallbackChain": ["openrouter", "local"],
+        "defaultProvider": "openrouter", "fallbackChain": ["openrouter", "local"], "cooldownSeconds": 0,
         "providers": {"local": {"type": "local"},
                       "openrouter": {"type": "openai-compatible", "baseUrl": cloud.url,
                                      "apiKey": "sk-test-routing", "models": {"default": "openai/gpt-4o-mini"}}},
@@ -72,10 +72,28 @@ def test_cloud_failure_falls_back_to_local(srv: ServerThread, cloud: FakeCloud) 
     assert r.json()["ortserve"]["failed"]
 
 
-def test_routed_requests_refuse_controls_providers_do_not_forward(srv: ServerThread, cloud: FakeCloud) -> None:
+def test_routed_fields_are_sent_or_refused_never_dropped(srv: ServerThread, cloud: FakeCloud) -> None:
     cloud.reset()
-    for field, value in (("min_p", 0.1), ("typical_p", 0.9), ("logit_bias", {"5": -100})):
+    high = {"complexity": "high"}
+    msgs = [{"role": "user", "content": "hi"}]
+    r = httpx.post(f"{srv.url}/v1/chat/completions", timeout=60, json={
+        "model": "auto", "max_tokens": 8, "messages": msgs, "metadata": high, "seed": 5, "top_k": 30, "min_p": 0.1,
+        "repetition_penalty": 1.1, "logit_bias": {"5": -100}})
+    assert r.status_code == 200 and r.headers["x-ortserve-provider"] == "openrouter", r.text
+    sent = cloud.requests[-1]["body"]
+    assert (sent["seed"], sent["top_k"], sent["min_p"], sent["repetition_penalty"], sent["logit_bias"]) == (
+        5, 30, 0.1, 1.1, {"5": -100.0})
+    # OpenRouter has no typical_p: pinned, a 400 naming it; routed, the local engine (which has it) answers
+    r = httpx.post(f"{srv.url}/v1/chat/completions", timeout=60, json={
+        "model": "openrouter", "max_tokens": 8, "messages": msgs, "typical_p": 0.9})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "typical_p", r.text
+    r = httpx.post(f"{srv.url}/v1/chat/completions", timeout=60, json={
+        "model": "auto", "max_tokens": 8, "messages": msgs, "metadata": high, "typical_p": 0.9})
+    assert r.status_code == 200 and r.headers["x-ortserve-provider"] == "local", r.text
+    assert "cannot take 'typical_p'" in r.headers["x-ortserve-route-reason"]
+    for field, value in (("logprobs", True), ("top_logprobs", 2), ("keep_alive", 0), ("n", 2),
+                         ("functions", [{"name": "f", "parameters": {"type": "object"}}])):
         r = httpx.post(f"{srv.url}/v1/chat/completions", timeout=60, json={
-            "model": "auto", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}], field: value})
+            "model": "auto", "max_tokens": 8, "messages": msgs, "metadata": high, field: value})
         assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
-    assert cloud.requests == []
+    assert len(cloud.requests) == 1

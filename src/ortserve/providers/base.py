@@ -110,15 +110,30 @@ class ChatRequest:
     "provider:model" ("openrouter:openai/gpt-4o-mini") pins it. provider: set by
     `ortserve ask --provider`; it pins the provider and keeps the model choice."""
 
-    messages: list[dict[str, str]]
+    messages: list[dict[str, Any]]  # OpenAI shape: assistant `tool_calls`, `tool` messages with `tool_call_id`
     params: SamplingParams = field(default_factory=SamplingParams)
     hints: Hints = field(default_factory=Hints)
     model: str | None = None
     provider: str | None = None
     request_id: str | None = None
+    # OpenAI's fields, already checked (server/routes_routed.py); each provider carries them in its protocol
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: dict[str, Any] | None = None
 
     def prompt_text(self) -> str:
         return "\n".join(str(m.get("content") or "") for m in self.messages)
+
+    @property
+    def wants_tools(self) -> bool:
+        """True when the answer may be a tool call (tools given and tool_choice is not 'none')."""
+        return bool(self.tools) and self.tool_choice != "none"
+
+    @property
+    def structured(self) -> bool:
+        """True when response_format asks for JSON (json_object or json_schema)."""
+        return bool(self.response_format) and (self.response_format or {}).get("type") != "text"
 
 
 @dataclass(frozen=True)
@@ -137,13 +152,16 @@ class Completion:
     usage: Usage
     finish_reason: str
     model: str
+    tool_calls: list[dict[str, Any]] | None = None  # OpenAI message.tool_calls: {id, type, function{name, arguments}}
 
 
 @dataclass
 class Delta:
-    """A piece of streamed text."""
+    """A piece of streamed text, or of tool calls in OpenAI's delta shape: the first piece of a
+    call has {index, id, type, function{name, arguments: ""}}, later ones {index, function{arguments}}."""
 
-    text: str
+    text: str = ""
+    tool_calls: list[dict[str, Any]] | None = None
 
 
 @dataclass
@@ -187,7 +205,31 @@ class Provider(Protocol):
         """Deltas then one Done. Raises ProviderError before the first event when the
         provider failed before answering (the router may then try the next one)."""
 
+    def refusal(self, request: ChatRequest) -> InvalidRequest | None:
+        """The 400 this provider would give `request` (a field its protocol cannot carry), or None.
+        The router skips a refusing provider; when every candidate refuses, the caller gets the 400."""
+
     async def aclose(self) -> None: ...
+
+
+def merge_tool_calls(calls: list[dict[str, Any]], pieces: list[dict[str, Any]]) -> None:
+    """Add streamed tool-call pieces (Delta.tool_calls) to whole calls, by index."""
+    for piece in pieces:
+        i = int(piece.get("index", 0))
+        while len(calls) <= i:
+            calls.append({"id": "", "type": "function", "function": {"name": "", "arguments": ""}})
+        fn = piece.get("function") or {}
+        if piece.get("id"):
+            calls[i]["id"] = piece["id"]
+        if fn.get("name"):
+            calls[i]["function"]["name"] = fn["name"]
+        calls[i]["function"]["arguments"] += fn.get("arguments") or ""
+
+
+def refuse(provider: str, param: str, why: str) -> InvalidRequest:
+    """A provider's refusal of one request field."""
+    return InvalidRequest(f"'{param}' cannot be sent to provider {provider!r}: {why}", param=param,
+                          code="unsupported_parameter")
 
 
 def resolve_alias(models: Mapping[str, str], model: str | None) -> str:

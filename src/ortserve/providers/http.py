@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 from pydantic import Field, SecretStr, field_validator
 
-from ortserve.errors import ProviderError
-from ortserve.providers.base import Capabilities, ProviderOptions, redact, resolve_alias
+from ortserve.errors import InvalidRequest, ProviderError
+from ortserve.providers.base import Capabilities, ChatRequest, ProviderOptions, redact, refuse, resolve_alias
 
 log = logging.getLogger("ortserve.providers")
 
@@ -22,6 +22,13 @@ RETRY_STATUSES = {408, 409, 425, 429, 500, 502, 503, 504, 520, 522, 524, 529}
 # The provider is misconfigured (bad key, unknown model): not the caller's fault either.
 MISCONFIGURED_STATUSES = {401, 403, 404}
 MAX_RETRY_AFTER = 10.0
+
+# SamplingParams fields beyond temperature/top_p/max_tokens/stop, with their neutral value: a
+# request that sets one to anything else needs a provider whose protocol carries it.
+SAMPLING_EXTRAS: dict[str, object] = {
+    "seed": None, "presence_penalty": 0.0, "frequency_penalty": 0.0, "top_k": 0, "min_p": 0.0,
+    "typical_p": 1.0, "repetition_penalty": 1.0, "min_tokens": 0, "logit_bias": (), "timeout": None,
+}
 
 
 class HttpOptions(ProviderOptions):
@@ -41,6 +48,8 @@ class HttpOptions(ProviderOptions):
                                  description="First backoff in seconds; doubles each retry")
     max_context: int | None = Field(None, gt=0, alias="maxContext")
     headers: dict[str, str] = Field(default_factory=dict, description="Extra request headers")
+    tools: bool = Field(True, description="False for a server without tool calling: the router then "
+                                          "sends it no request with tools or response_format")
 
     @field_validator("base_url")
     @classmethod
@@ -69,13 +78,32 @@ class HttpProvider:
         self._key: str | None = key or (env.get(key_env) if key_env else None) or None
         self._key_env = key_env
         self.base_url = options.base_url or self.default_base_url
-        self.capabilities = Capabilities(streaming=True, tools=False, max_context=options.max_context,
+        self.capabilities = Capabilities(streaming=True, tools=options.tools, max_context=options.max_context,
                                          local=False)
         self._client_obj: httpx.AsyncClient | None = None
         self._client_loop: asyncio.AbstractEventLoop | None = None
 
     def __repr__(self) -> str:  # never the key
         return f"{type(self).__name__}(name={self.name!r}, base_url={self.base_url!r})"
+
+    # -- what it can carry -------------------------------------------------------------------
+    def carries(self) -> frozenset[str]:
+        """Which SAMPLING_EXTRAS fields this provider's protocol sends upstream."""
+        return frozenset()
+
+    def refusal(self, request: ChatRequest) -> InvalidRequest | None:
+        p = request.params
+        if p.logprobs is not None:
+            return refuse(self.name, "logprobs", "logprobs are not carried through the router")
+        for name, neutral in SAMPLING_EXTRAS.items():
+            if getattr(p, name) != neutral and name not in self.carries():
+                why = ("the deadline is enforced by the local engine only" if name == "timeout"
+                       else f"the {self.kind} protocol has no such field")
+                return refuse(self.name, name, why)
+        if (request.wants_tools or request.structured) and not self.capabilities.tools:
+            param = "tools" if request.wants_tools else "response_format"
+            return refuse(self.name, param, "its routing config says tools: false")
+        return None
 
     # -- readiness and models -------------------------------------------------------------
     @property

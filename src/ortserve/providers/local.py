@@ -6,11 +6,12 @@ import asyncio
 import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from types import SimpleNamespace
 from typing import Any, Literal, Protocol
 
 from pydantic import Field
 
-from ortserve.errors import Overloaded, ProviderError
+from ortserve.errors import InvalidRequest, Overloaded, ProviderError
 from ortserve.providers.base import (
     Capabilities,
     ChatRequest,
@@ -19,6 +20,8 @@ from ortserve.providers.base import (
     Done,
     ProviderOptions,
     StreamEvent,
+    merge_tool_calls,
+    refuse,
     resolve_alias,
 )
 from ortserve.types import SamplingParams, Usage
@@ -32,8 +35,8 @@ class EngineLike(Protocol):
     @property
     def model_id(self) -> str: ...
 
-    def submit(self, *, messages: list[dict[str, str]] | None = None, prompt: str | None = None,
-               params: SamplingParams | None = None, request_id: str | None = None) -> Any: ...
+    def submit(self, *, messages: list[dict[str, Any]] | None = None, prompt: str | None = None,
+               params: SamplingParams | None = None, request_id: str | None = None, **kw: Any) -> Any: ...
 
     async def abort(self, request_id: str) -> None: ...
 
@@ -68,7 +71,7 @@ class LocalProvider:
         self._loading: asyncio.Lock | None = None
         self.options = options or LocalOptions.model_validate({})
         context = getattr(engine, "context_length", None) if engine is not None else None
-        self.capabilities = Capabilities(streaming=True, tools=False, local=True,
+        self.capabilities = Capabilities(streaming=True, tools=True, local=True,
                                          max_context=self.options.max_context or context)
 
     def __repr__(self) -> str:
@@ -108,6 +111,14 @@ class LocalProvider:
         except Exception:  # noqa: BLE001 - an estimate is fine here
             return None
 
+    def refusal(self, request: ChatRequest) -> InvalidRequest | None:
+        """The engine takes every sampling field, tools and response_format (grammar-enforced),
+        but not both of the last two at once (as on the local route)."""
+        if request.wants_tools and request.structured:
+            return refuse(self.name, "response_format", "the local engine cannot combine it with tools "
+                                                        "unless tool_choice is 'none'")
+        return None
+
     async def _engine(self) -> EngineLike:
         if self.engine is None and self.loader is not None:
             self._loading = self._loading or asyncio.Lock()
@@ -127,12 +138,14 @@ class LocalProvider:
 
     async def chat(self, request: ChatRequest, model: str) -> Completion:
         parts: list[str] = []
+        calls: list[dict[str, Any]] = []
         async for ev in self.stream(request, model):
             if isinstance(ev, Delta):
                 parts.append(ev.text)
+                merge_tool_calls(calls, ev.tool_calls or [])
             else:
                 return Completion(text="".join(parts), usage=ev.usage, finish_reason=ev.finish_reason,
-                                  model=ev.model)
+                                  model=ev.model, tool_calls=calls or None)
         raise ProviderError(f"{self.name}: stream ended without a result", retryable=False)
 
     async def stream(self, request: ChatRequest, model: str) -> AsyncIterator[StreamEvent]:
@@ -140,23 +153,35 @@ class LocalProvider:
         if model != engine.model_id:
             log.debug("local: %s asked for, %s loaded; the loaded model answers", model, engine.model_id)
         request_id = request.request_id or f"route-{uuid.uuid4().hex[:12]}"
+        params, kw, plan = _constrained(engine, request)
         try:
-            handle = engine.submit(messages=request.messages, params=request.params, request_id=request_id)
+            handle = engine.submit(messages=request.messages, params=params, request_id=request_id, **kw)
         except Overloaded as exc:
             raise ProviderError(f"{self.name}: {exc.message}", retryable=True, status=429) from exc
         started = finished = False
+        parser = plan.parser() if plan is not None else None
         try:
             async for ev in handle:
                 if ev.error:
                     raise ProviderError(f"{self.name}: {ev.error}", retryable=not started)
-                if ev.text:
+                if parser is None and ev.text:
                     started = True
                     yield Delta(ev.text)
+                elif parser is not None:  # tool calls: arguments go out as they are generated
+                    from ortserve.server.structured import delta_of
+
+                    for d in parser.feed(ev.text) + (parser.finish() if ev.finished else []):
+                        if d.index >= 0 or d.content:
+                            started = True
+                            yield Delta(d.content) if d.index < 0 else Delta(tool_calls=delta_of(d)["tool_calls"])
                 if ev.finished:
                     finished = True
                     m = ev.metrics
                     usage = Usage(m.input_tokens, m.output_tokens) if m else Usage()
-                    yield Done(usage=usage, finish_reason=ev.finish_reason or "stop", model=engine.model_id)
+                    finish = ev.finish_reason or "stop"
+                    if parser is not None and parser.calls and finish == "stop":
+                        finish = "tool_calls"
+                    yield Done(usage=usage, finish_reason=finish, model=engine.model_id)
                     return
         finally:
             if not finished:  # the caller went away or something broke: free the slot
@@ -165,3 +190,17 @@ class LocalProvider:
                 except Exception as exc:  # noqa: BLE001 - best effort; the engine may be stopping
                     log.debug("local: abort of %s failed: %s", request_id, exc)
         raise ProviderError(f"{self.name}: engine stream ended early", retryable=not started)
+
+
+def _constrained(engine: Any, request: ChatRequest) -> tuple[SamplingParams, dict[str, Any], Any]:
+    """The request's tools/response_format as the engine's grammar (server/structured.py, as on the
+    local route): (params, submit keywords, the tool plan or None)."""
+    if request.tools is None and request.tool_choice is None and request.response_format is None:
+        return request.params, {}, None
+    from ortserve.server.structured import constrain, plan_tools, response_constraint
+
+    plan = plan_tools(SimpleNamespace(functions=None, function_call=None, tools=request.tools,
+                                      tool_choice=request.tool_choice,
+                                      parallel_tool_calls=request.parallel_tool_calls))
+    params = constrain(engine, request.params, response_constraint(request.response_format), plan)
+    return params, ({"tools": plan.prompt_tools()} if plan is not None else {}), plan

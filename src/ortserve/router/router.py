@@ -16,7 +16,7 @@ from typing import Any
 from ortserve.config import Settings
 from ortserve.errors import InvalidRequest, NotFound, OrtServeError, ProviderError, Unavailable
 from ortserve.providers import PROVIDER_TYPES
-from ortserve.providers.base import ChatRequest, Completion, Delta, Provider
+from ortserve.providers.base import ChatRequest, Completion, Delta, Provider, merge_tool_calls
 from ortserve.providers.local import EngineLike, LocalProvider
 from ortserve.router.config import RouterConfig, load_config
 from ortserve.router.costs import Ledger, LedgerEntry, PriceTable
@@ -76,6 +76,7 @@ class ChatResult:
     cost_usd: float | None
     local: bool
     failed: list[str] = field(default_factory=list)  # providers tried before this one, and why
+    tool_calls: list[dict[str, Any]] | None = None   # OpenAI message.tool_calls
 
     def headers(self) -> dict[str, str]:
         h = RouteStart(self.provider, self.model, self.reason).headers()
@@ -190,7 +191,7 @@ class Router:
                 None if (request.model or "").lower() in AUTO else request.model)
             pinned = Target(p.name, model)
         if pinned is not None:
-            return self._decide_pinned(pinned, private, facts)
+            return self._decide_pinned(pinned, private, facts, request)
         hit = first_match(self.config.rules, facts)
         if hit is not None:
             i, rule = hit
@@ -204,9 +205,9 @@ class Router:
             p = self.provider(n)
             if all(t.provider != p.name for t in chain):
                 chain.append(Target(p.name, p.default_model()))
-        return self._finish_decision(chain, reason, private, facts)
+        return self._finish_decision(chain, reason, private, facts, request)
 
-    def _decide_pinned(self, target: Target, private: bool, facts: Facts) -> Decision:
+    def _decide_pinned(self, target: Target, private: bool, facts: Facts, request: ChatRequest) -> Decision:
         p = self.providers[target.provider]
         if private and not p.capabilities.local:
             raise InvalidRequest(f"this request is private (privacy high or localOnly) and "
@@ -214,10 +215,14 @@ class Router:
                                  param="provider")
         if not p.ready:
             raise Unavailable(f"provider {target.provider!r} is not available: {p.not_ready_reason}")
+        refused = _refusal(p, request)
+        if refused is not None:
+            raise refused
         return Decision(target.provider, target.model, "provider chosen by the request", [target],
                         private, facts)
 
-    def _finish_decision(self, chain: list[Target], reason: str, private: bool, facts: Facts) -> Decision:
+    def _finish_decision(self, chain: list[Target], reason: str, private: bool, facts: Facts,
+                         request: ChatRequest) -> Decision:
         notes: list[str] = []
         wanted = chain[0]
         if private:
@@ -229,6 +234,14 @@ class Router:
                 local = self.provider("local")
                 kept = [Target(local.name, local.default_model())]
             chain = kept
+        # a provider whose protocol cannot carry a field the request set (tools, seed...) is skipped;
+        # when none can, the request gets the first one's 400 naming the field
+        refusals = {t: _refusal(self.providers[t.provider], request) for t in chain}
+        able = [t for t in chain if refusals[t] is None]
+        notes += [f"{t.provider}: skipped, {refusals[t].message}" for t in chain if t not in able]  # type: ignore[union-attr]
+        if not able:
+            raise refusals[chain[0]]  # type: ignore[misc]
+        chain = able
         ready = [t for t in chain if self.providers[t.provider].ready]
         notes += [f"{t.provider}: skipped, {self.providers[t.provider].not_ready_reason}"
                   for t in chain if t not in ready]
@@ -242,6 +255,7 @@ class Router:
         first = chain[0]
         if first != wanted:
             why = "the request is private" if private and not self.providers[wanted.provider].capabilities.local \
+                else f"it cannot take {refusals[wanted].param!r}" if refusals.get(wanted) is not None \
                 else "it is unavailable"
             reason = f"{reason}; {wanted.provider} skipped because {why}"
         return Decision(first.provider, first.model, reason, chain, private, facts, notes)
@@ -287,15 +301,17 @@ class Router:
                 self._cool_until.pop(target.provider, None)
                 yield RouteStart(target.provider, target.model, self._reason(decision, target, failed))
                 parts: list[str] = []
+                calls: list[dict[str, Any]] = []
                 while isinstance(ev, Delta):
                     parts.append(ev.text)
+                    merge_tool_calls(calls, ev.tool_calls or [])
                     yield ev
                     try:
                         ev = await events.__anext__()
                     except StopAsyncIteration:
                         raise ProviderError(f"{target.provider}: stream ended without a result",
                                             retryable=False) from None
-                completion = Completion("".join(parts), ev.usage, ev.finish_reason, ev.model)
+                completion = Completion("".join(parts), ev.usage, ev.finish_reason, ev.model, calls or None)
                 yield await self._result(decision, target, completion, failed, request)
                 return
             finally:
@@ -334,7 +350,12 @@ class Router:
             except (sqlite3.Error, OSError) as exc:
                 log.warning("cost ledger %s not written: %s", self.ledger.path, exc)
         return ChatResult(c.text, c.usage, c.finish_reason, target.provider, c.model, reason, cost, local,
-                          [e.message for e in failed])
+                          [e.message for e in failed], c.tool_calls)
+
+
+def _refusal(p: Provider, request: ChatRequest) -> InvalidRequest | None:
+    check = getattr(p, "refusal", None)  # a provider written before refusal() existed takes everything
+    return check(request) if check is not None else None
 
 
 def _exhausted(failed: list[ProviderError]) -> OrtServeError:

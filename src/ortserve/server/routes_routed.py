@@ -20,6 +20,7 @@ from ortserve.router.router import ChatResult, RouteStart
 from ortserve.server.protocol import ChatCompletionRequest
 from ortserve.server.sse import SSE_HEADERS, EventStream, sse, unless_disconnected
 from ortserve.server.state import ServerState
+from ortserve.server.structured import plan_tools, response_constraint
 
 
 def wants_router(st: ServerState, model: str | None, served: str) -> bool:
@@ -27,25 +28,26 @@ def wants_router(st: ServerState, model: str | None, served: str) -> bool:
 
 
 async def routed_chat(body: ChatCompletionRequest, request: Request, st: ServerState, span: Any) -> Any:
-    if body.n != 1:
-        raise InvalidRequest("n > 1 is not supported for routed requests", param="n")
-    for name in ("tools", "tool_choice", "functions", "function_call", "response_format",
-                 "min_p", "typical_p", "logit_bias"):
-        if getattr(body, name) is not None:  # refused, not dropped: the router does not carry them yet
-            raise InvalidRequest(f"'{name}' is served by the local model only; not yet passed through the "
-                                 "router to cloud providers", param=name)
+    check_routable(body)
     params = body.to_sampling_params(st.settings.default_max_tokens, st.settings.max_tokens_cap,
                                      body.effective_max_tokens())
     rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+    # Fields each provider may or may not carry (seed, top_k, tools...) are checked per provider by
+    # the router (Provider.refusal): one that cannot carry a set field is skipped, never sent without it.
     req = ChatRequest(messages=body.plain_messages(), params=params, model=body.model, request_id=rid,
-                      hints=Hints.from_request(body.metadata, request.headers))
+                      hints=Hints.from_request(body.metadata, request.headers), tools=body.tools,
+                      tool_choice=body.tool_choice, parallel_tool_calls=body.parallel_tool_calls,
+                      response_format=body.response_format)
     if not body.stream:
         res: ChatResult = await unless_disconnected(request, st.router.chat(req))
         span.set(model=res.model, provider=res.provider)
         usage = {"prompt_tokens": res.usage.prompt_tokens, "completion_tokens": res.usage.completion_tokens,
                  "total_tokens": res.usage.total_tokens}
+        message: dict[str, Any] = {"role": "assistant", "content": res.text}
+        if res.tool_calls:
+            message = {"role": "assistant", "content": res.text or None, "tool_calls": res.tool_calls}
         return JSONResponse({"id": rid, "object": "chat.completion", "created": created, "model": res.model,
-                             "choices": [{"index": 0, "message": {"role": "assistant", "content": res.text},
+                             "choices": [{"index": 0, "message": message,
                                           "logprobs": None, "finish_reason": res.finish_reason}],
                              "usage": usage, "ortserve": res.metadata()}, headers=res.headers())
     events = st.router.stream(req)
@@ -54,6 +56,28 @@ async def routed_chat(body: ChatCompletionRequest, request: Request, st: ServerS
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return EventStream(_chunks(events, start, rid, created, include_usage),
                        media_type="text/event-stream", headers={**SSE_HEADERS, **start.headers()})
+
+
+# Refused whoever answers: the router has no way to carry them (each says why).
+NOT_ROUTED = {
+    "functions": "the legacy 'functions' are not carried through the router; send 'tools'",
+    "function_call": "the legacy 'function_call' is not carried through the router; send 'tool_choice'",
+    "logprobs": "logprobs are not carried through the router; name a local model to get them",
+    "top_logprobs": "logprobs are not carried through the router; name a local model to get them",
+    "keep_alive": "keep_alive applies to a local model named in the request, not to 'auto' or a provider",
+}
+
+
+def check_routable(body: ChatCompletionRequest) -> None:
+    """400s for what no routed provider can carry, and the tool fields' own checks (as locally)."""
+    if body.n != 1:
+        raise InvalidRequest("n > 1 is not supported for routed requests", param="n")
+    for name, why in NOT_ROUTED.items():
+        value = getattr(body, name)
+        if value is not None and value is not False:  # logprobs: false is the default; keep_alive: 0 is not
+            raise InvalidRequest(why, param=name, code="unsupported_parameter")
+    plan_tools(body)  # tools, tool_choice, parallel_tool_calls: shape, names, a named choice in tools
+    response_constraint(body.response_format)
 
 
 async def _chunks(events: AsyncIterator[Any], start: RouteStart, rid: str, created: int,
@@ -65,6 +89,9 @@ async def _chunks(events: AsyncIterator[Any], start: RouteStart, rid: str, creat
         async for ev in events:
             if isinstance(ev, Delta) and ev.text:
                 yield sse({**base, "choices": [{"index": 0, "delta": {"content": ev.text}, "finish_reason": None}]})
+            if isinstance(ev, Delta) and ev.tool_calls:  # each piece as the provider sent it
+                yield sse({**base, "choices": [{"index": 0, "delta": {"tool_calls": ev.tool_calls},
+                                                "finish_reason": None}]})
             elif isinstance(ev, ChatResult):
                 yield sse({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": ev.finish_reason}],
                            "ortserve": ev.metadata()})
