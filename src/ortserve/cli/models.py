@@ -188,12 +188,31 @@ def list_cmd(available: bool, as_json: bool) -> None:
                          r["source"]] for r in rows], ["ID", "DOWNLOAD", "RAM", "INSTALLED", "SOURCE"])
     variants = store.variants()
     if as_json:
-        return _emit([v.to_json() for v in variants])
+        return _emit([{**v.to_json(), **_stale(v)} for v in variants])
     if not variants:
         return click.echo("no models installed; try `ortserve models pull smollm2-135m`")
     _table([[v.id, v.kind, v.precision, v.device, _fmt_mb(v.size_bytes), _quality(v), _speed(v),
              ",".join(v.aliases)] for v in variants],
            ["ID", "KIND", "PRECISION", "DEVICE", "SIZE", "QUALITY (vs fp32)", "TOK/S | SENT/S", "ALIASES"])
+    for v in variants:
+        if _stale(v):
+            click.echo(f"note: {_stale(v)['stale_graph']}")
+
+
+def _stale(v: Any) -> dict[str, str]:
+    """{"stale_graph": why and how to upgrade} for an exact GGUF import with an older graph."""
+    from ortserve.models.catalog import DEFAULT_MODEL
+    from ortserve.models.importer import source_gguf, stale_exact
+
+    why = stale_exact(v)
+    if why is None:
+        return {}
+    gguf = source_gguf(v)
+    how = ("re-imported when the server next starts with it, or now: `ortserve models pull smollm2-135m`"
+           if v.model == DEFAULT_MODEL and gguf else
+           f"re-import it: `ortserve models import {gguf} --id {v.model}`" if gguf else
+           f"its GGUF ({v.source}) is gone, so it stays as it is")
+    return {"stale_graph": f"{why}; {how}"}
 
 
 @models_group.command("show")
@@ -220,7 +239,7 @@ def show_cmd(ref: str, device: str | None, as_json: bool) -> None:
     settings = settings_from()
     sampling = {v.id: defaults_for(settings, v.model_dir) for v in variants}
     if as_json:
-        return _emit({"variants": [{**v.to_json(), "sampling_defaults": {
+        return _emit({"variants": [{**v.to_json(), **_stale(v), "sampling_defaults": {
                           "values": dict(sampling[v.id].values), "sources": dict(sampling[v.id].sources),
                           "model_source": sampling[v.id].model_source}} for v in variants],
                       "selection": {d: {"id": r.model_id, "path": str(r.path), "reason": r.reason}
@@ -241,6 +260,8 @@ def show_cmd(ref: str, device: str | None, as_json: bool) -> None:
                    + (f"  model's from {d.model_source}" if d.model_source else ""))
         if v.aliases:
             click.echo(f"  aliases       {', '.join(v.aliases)}")
+        if _stale(v):
+            click.echo(f"  graph         {_stale(v)['stale_graph']}")
     for d, r in choices.items():
         click.echo(f"on {d}: {r.model_id} - {r.reason}")
 

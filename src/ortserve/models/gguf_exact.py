@@ -52,9 +52,11 @@ MODULES = {
     "mlp/up_proj": ("ffn_up",), "mlp/down_proj": ("ffn_down",),
 }
 _LAYER_NODE = re.compile(r"^/model/layers\.(\d+)/(\w+/\w+)/MatMul")
-# 2: gate_proj + up_proj fused into one MatMulNBits (+ Split). Stores imported at 1 keep
-# working; re-import (models rm, then use) to get the faster graph.
-GRAPH_VERSION = 2
+# Stores imported at an older version keep working; importer.refresh_stale re-imports them
+# (ensure_default does on start; `ortserve models import GGUF` does for any other).
+GRAPH_VERSIONS = {1: "one MatMulNBits per linear layer, plus its minimum term",
+                  2: "gate_proj + up_proj fused into one MatMulNBits and one minimum term, ~1.08x decode"}
+GRAPH_VERSION = max(GRAPH_VERSIONS)
 WEIGHT_RTOL = 1e-6        # patched weight vs dequantized reference, relative to max |w|
 LOGIT_TOL = 2e-3          # fp32-compute logits vs fp32 reference, relative to max |logit|
 

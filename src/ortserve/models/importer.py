@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ortserve.errors import ModelError, NotFound, StoreError
+from ortserve.errors import ModelError, NotFound, OrtServeError, StoreError
 from ortserve.models import convert
 from ortserve.models.catalog import (
     CATALOG,
@@ -189,8 +189,15 @@ def import_gguf(store: ModelStore, gguf: Path, model_id: str, *, precision: str 
     if precision is None:
         exact = _exact_plan(gguf, device, progress)
         if exact is not None:
+            kept: list[str] = []
+
+            def stale(have: Variant) -> bool:   # under the store lock: an older graph is rebuilt
+                kept[:] = have.aliases
+                return stale_exact(have) is not None
+
             return store.install(model_id, variant_name(exact, device),
-                                 lambda tmp: _build_exact(store, gguf, model_id, tmp, progress, aliases))
+                                 lambda tmp: _build_exact(store, gguf, model_id, tmp, progress, aliases or kept),
+                                 replace=stale)
         precision = DEFAULT_PRECISION
 
     def build(tmp: Path) -> dict[str, Any]:
@@ -205,6 +212,51 @@ def import_gguf(store: ModelStore, gguf: Path, model_id: str, *, precision: str 
         return {**fields, "source": f"gguf:{gguf}", "aliases": aliases or [], "sampling": for_source(gguf)}
 
     return store.install(model_id, variant_name(precision, device, options), build)
+
+
+def stale_exact(v: Variant) -> str | None:
+    """Why an exact GGUF variant should be re-imported (its graph is older than the
+    importer's), or None. Stores keep working with an old graph; it is just slower."""
+    exact = v.notes.get("gguf_exact")
+    if not exact or v.link:
+        return None
+    from ortserve.models.gguf_exact import GRAPH_VERSION, GRAPH_VERSIONS
+
+    have = int(exact.get("graph_version", 1))
+    if have >= GRAPH_VERSION:
+        return None
+    return (f"{v.id} has exact-graph version {have}; version {GRAPH_VERSION} "
+            f"({GRAPH_VERSIONS[GRAPH_VERSION]}) is faster")
+
+
+def source_gguf(v: Variant) -> Path | None:
+    """The GGUF file a variant was imported from, if it is still there."""
+    if not v.source.startswith("gguf:"):
+        return None
+    path = Path(v.source[len("gguf:"):])
+    if not path.is_file() and v.model == DEFAULT_MODEL:
+        path = embedded_gguf()   # the package moved (another venv): same file, same blocks
+    return path if path.is_file() else None
+
+
+def refresh_stale(store: ModelStore, v: Variant, progress: Progress | None = None) -> Variant:
+    """Re-import an exact GGUF variant whose graph is older than GRAPH_VERSION, from its
+    GGUF; the variant as it is if it is current, its GGUF is gone, or the re-import fails
+    (said through ``progress``; serving goes on with the older graph)."""
+    why = stale_exact(v)
+    if why is None:
+        return v
+    say = progress or (lambda _m: None)
+    gguf = source_gguf(v)
+    if gguf is None:
+        say(f"{why}, but its GGUF ({v.source}) is gone: keeping it")
+        return v
+    say(f"{why}: re-importing it from {gguf} (once)")
+    try:
+        return import_gguf(store, gguf, v.model, progress=progress, aliases=v.aliases or None)
+    except (OrtServeError, OSError) as exc:
+        say(f"re-importing {v.id} failed ({exc}); keeping the older graph")
+        return v
 
 
 def _exact_plan(gguf: Path, device: str, progress: Progress | None) -> str | None:
@@ -386,7 +438,7 @@ def _catalog_entry(ref: str) -> CatalogEntry:
 def ensure_default(store: ModelStore, progress: Progress | None = None) -> Variant:
     """The embedded default model, imported on first use (exactly, from its GGUF blocks)."""
     hits = [v for v in store.find(DEFAULT_MODEL) if v.device == "cpu"]
-    preferred = [v for v in hits if v.precision == DEFAULT_MODEL_PRECISION]
+    preferred = [v for v in hits if v.precision.lower() == DEFAULT_MODEL_PRECISION.lower()]  # q4_1 / Q4_1
     if preferred or hits:
-        return (preferred or hits)[0]
+        return refresh_stale(store, (preferred or hits)[0], progress)
     return import_gguf(store, embedded_gguf(), DEFAULT_MODEL, progress=progress, aliases=["default"])

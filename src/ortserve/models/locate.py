@@ -23,10 +23,13 @@ def resolve_model_dir(ref: str | None, settings: Any,
         return path, path.name  # loading it reports what is missing
     store = ModelStore(settings.store_dir)
     entry = CATALOG.get(ref) or next((e for e in CATALOG.values() if ref in e.aliases), None)
-    if entry is not None and entry.id == DEFAULT_MODEL and not store.find(DEFAULT_MODEL):
-        from ortserve.models.importer import ensure_default
+    if entry is not None and entry.id == DEFAULT_MODEL:
+        from ortserve.models.importer import ensure_default, refresh_stale
 
-        ensure_default(store, progress)
+        if not store.find(DEFAULT_MODEL):
+            ensure_default(store, progress)
+        for v in store.find(DEFAULT_MODEL):   # an exact import from an older importer: rebuilt once
+            refresh_stale(store, v, progress)
         ref = DEFAULT_MODEL
     from ortserve.models import select
 

@@ -160,20 +160,24 @@ class ModelStore:
             lock.release()
 
     def install(self, model: str, variant: str, build: Callable[[Path], dict[str, Any]],
-                *, replace: bool = False) -> Variant:
+                *, replace: bool | Callable[[Variant], bool] = False) -> Variant:
         """Build a variant into a temp dir and rename it into place, under a lock.
 
         ``build(tmp_dir)`` writes the model files and returns manifest fields
         (precision, device, source, ...). A concurrent install of the same variant waits
-        for the first and then returns its result instead of converting again.
+        for the first and then returns its result instead of converting again. ``replace``
+        may be a test of the installed variant, made under the lock (so of two processes
+        upgrading a stale variant, only the first rebuilds it).
         """
         validate_name(model)
         validate_name(variant, "variant")
         name = dir_name(model, variant)
         final = self.root / name
         with self.lock(name):
-            if final.is_dir() and (final / MANIFEST).is_file() and not replace:
-                return Variant.from_json(json.loads((final / MANIFEST).read_text(encoding="utf-8")), final)
+            if final.is_dir() and (final / MANIFEST).is_file():
+                have = Variant.from_json(json.loads((final / MANIFEST).read_text(encoding="utf-8")), final)
+                if not (replace(have) if callable(replace) else replace):
+                    return have
             self._sweep_tmp(name)
             tmp = self.root / ".tmp" / f"{name}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
             tmp.mkdir(parents=True)
