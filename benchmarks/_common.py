@@ -54,11 +54,14 @@ def emit(result: dict[str, Any]) -> None:
 class RawOg:
     """onnxruntime-genai's own Generator on the same model: the reference figures."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, threads: int = 0) -> None:
         import onnxruntime_genai as og
 
         self.og = og
-        self.model = og.Model(str(path))
+        cfg = og.Config(str(path))
+        if threads:   # the same intra-op thread count as the engine (og's own default: all cores)
+            cfg.overlay(json.dumps({"model": {"decoder": {"session_options": {"intra_op_num_threads": threads}}}}))
+        self.model = og.Model(cfg)
         self.tok = og.Tokenizer(self.model)
 
     def chat_ids(self, question: str) -> list[int]:

@@ -38,6 +38,7 @@ from ortserve.config import load_settings
 from ortserve.engine import AsyncEngine
 from ortserve.models.catalog import embedded_gguf
 from ortserve.models.quality import heldout_text, token_logprobs
+from ortserve.models.validate import check_gguf
 from ortserve.types import SamplingParams
 
 TOOLS = ("llama-bench", "llama-batched-bench", "llama-perplexity")
@@ -58,11 +59,12 @@ class LlamaCpp:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
         if proc.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr[-800:]}")
-        return proc.stdout
+        return proc.stdout + "\n" + proc.stderr   # results go to stdout or the log (stderr), by tool
 
     def bench(self, prompt: int, gen: int) -> float:
         """llama-bench tokens/s for one test (pp<prompt> or tg<gen>), one repetition."""
-        rows = json.loads(self.run("llama-bench", "-p", str(prompt), "-n", str(gen), "-r", "1", "-o", "json"))
+        out = self.run("llama-bench", "-p", str(prompt), "-n", str(gen), "-r", "1", "-o", "jsonl")
+        rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
         return float(rows[0]["avg_ts"])
 
     def batched(self, parallel: list[int], npp: int, ntg: int) -> dict[int, float]:
@@ -87,15 +89,16 @@ class LlamaCpp:
 
 
 def ortserve_perplexity(path: Path, ids: list[int], ctx: int, bos: int | None) -> float:
-    """llama-perplexity's protocol: chunks of ``ctx`` tokens, the first replaced by BOS, the
-    second half of each chunk scored."""
+    """llama-perplexity's protocol (tools/perplexity/perplexity.cpp): chunks of ``ctx`` tokens,
+    the first replaced by BOS when the GGUF says add_bos, and the logits at positions
+    ctx/2 .. ctx-2 scored (``ctx - 1 - ctx/2`` tokens per chunk)."""
     nll: list[float] = []
     for start in range(0, len(ids) - ctx + 1, ctx):
         chunk = ids[start:start + ctx]
         if bos is not None:
             chunk = [bos, *chunk[1:]]
         lp = token_logprobs(path, chunk, window=ctx)   # lp[i]: log p(chunk[i+1] | chunk[:i+1])
-        nll += list(-lp[ctx // 2 - 1:])
+        nll += list(-lp[ctx // 2:])
     return float(np.exp(np.mean(nll)))
 
 
@@ -170,7 +173,7 @@ def main() -> None:
     short = ids[:16]
     long = (ids * (args.prompt // len(ids) + 1))[: args.prompt]
     prompts = [engine.codec.decode(ids[(37 * i) % (len(ids) - 128):][:128]) for i in range(max(parallel))]
-    raw = RawOg(path)
+    raw = RawOg(path, args.threads)
 
     runs: dict[str, list[float]] = {}
 
@@ -206,8 +209,11 @@ def main() -> None:
             ratios[name] = spread([x / y for x, y in zip(runs[a], runs[b])])
     result["ratios_ortserve_over_reference"] = ratios
     if not args.no_ppl:
+        add_bos = check_gguf(gguf)["add_bos"]
         ppl: dict[str, Any] = {"protocol": f"llama-perplexity: chunks of {args.ppl_ctx}, second half scored",
-                               "ortserve": ortserve_perplexity(path, ids, args.ppl_ctx, engine.model.spec.bos_token_id)}
+                               "add_bos": add_bos, "tokens": len(ids),
+                               "ortserve": ortserve_perplexity(path, ids, args.ppl_ctx,
+                                                               engine.model.spec.bos_token_id if add_bos else None)}
         if llama:
             ppl["llamacpp"] = llama.perplexity(text, args.ppl_ctx)
             ppl["ortserve_vs_llamacpp_pct"] = 100 * (ppl["ortserve"] / ppl["llamacpp"] - 1)

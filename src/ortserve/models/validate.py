@@ -130,7 +130,8 @@ def check_gguf(path: Path) -> dict[str, Any]:
                          hint=f"supported GGUF architectures: {', '.join(sorted(GGUF_ARCHITECTURES))}")
     return {"architecture": GGUF_ARCHITECTURES[arch], "gguf_architecture": arch,
             "name": str(meta.get("general.name", "")), "tensors": len(tensors),
-            "context_length": int(meta.get(f"{arch}.context_length", 0) or 0)}
+            "context_length": int(meta.get(f"{arch}.context_length", 0) or 0),
+            "add_bos": bool(meta.get("tokenizer.ggml.add_bos_token", False))}
 
 
 def _tensor_info(r: _Reader) -> tuple[str, int, int, int]:
