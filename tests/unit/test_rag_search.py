@@ -1,0 +1,143 @@
+"""The search path of RagStore without a model: a bag-of-words embedder stands in for MiniLM.
+
+What is checked is the index logic (the in-memory chunk -> file map, filters as masks, the
+int8 candidate pass, BM25 without the join, one-query result fetch), not ranking quality.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from ortserve.rag import search as search_mod
+from ortserve.rag.index import RagStore
+
+DIM = 64
+
+
+@dataclass
+class _Enc:
+    ids: list[int]
+    offsets: list[tuple[int, int]]
+
+
+class _WordTokenizer:
+    def encode(self, text: str, add_special_tokens: bool = False) -> _Enc:
+        spans = [(m.start(), m.end()) for m in re.finditer(r"\S+", text)]
+        return _Enc(list(range(len(spans))), spans)
+
+
+@dataclass
+class _Vectors:
+    vectors: np.ndarray
+
+
+class BagOfWords:
+    """Unit vectors summing one random direction per word: shared words mean high cosine."""
+
+    dimensions = DIM
+    max_tokens = 256
+    tokenizer = _WordTokenizer()
+
+    def embed_texts(self, texts: list[str], truncate: bool = False) -> _Vectors:
+        out = np.zeros((len(texts), DIM), np.float32)
+        for i, t in enumerate(texts):
+            for w in re.findall(r"\w+", t.lower()):
+                seed = int.from_bytes(hashlib.sha256(w.encode()).digest()[:4], "little")
+                out[i] += np.random.default_rng(seed).standard_normal(DIM).astype(np.float32)
+            out[i] /= max(float(np.linalg.norm(out[i])), 1e-6)
+        return _Vectors(out)
+
+
+TOPICS = ["apples oranges pears fruit", "trains rails stations travel", "violins cellos strings music",
+          "granite basalt rocks geology"]
+
+
+@pytest.fixture()
+def store(tmp_path: Path) -> tuple[RagStore, str]:
+    rag = RagStore(tmp_path, BagOfWords)
+    vid = rag.create_store("t", None, "bow")["id"]
+    for n in range(12):
+        topic = TOPICS[n % 4]
+        text = "\n\n".join(f"Note {n}.{j} about {topic} number{n}x{j}." for j in range(6))
+        fid = rag.add_file(f"doc{n}.txt", text.encode())["id"]
+        rag.add_to_store(vid, fid, attributes={"topic": topic.split()[0], "n": n}, max_tokens=8, overlap=0)
+    yield rag, vid
+    rag.close()
+
+
+def _brute(rag: RagStore, vid: str, query: str, keep: Any = lambda a: True) -> list[int]:
+    con = rag._store(vid)
+    q = BagOfWords().embed_texts([query]).vectors[0]
+    attrs = {r[0]: __import__("json").loads(r[1]) for r in con.execute("SELECT file_id, attributes FROM vs_files")}
+    rows = [(r[0], float(np.frombuffer(r[2], np.float32) @ q)) for r in
+            con.execute("SELECT id, file_id, vector FROM chunks") if keep(attrs[r[1]])]
+    return [c for c, _ in sorted(rows, key=lambda x: -x[1])]
+
+
+@pytest.mark.parametrize("numpy_max", [100000, 8])   # the float32 path, then the int8 candidate pass
+def test_dense_and_filtered_search_equal_brute_force(store: tuple[RagStore, str], numpy_max: int,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    rag, vid = store
+    monkeypatch.setattr(search_mod, "NUMPY_MAX_ROWS", numpy_max)
+    q = "a note about violins and rocks"     # every chunk shares words with it: no negative cosine
+    got = rag.search(vid, q, k=5, mode="dense")
+    assert [_id_of(rag, vid, h) for h in got] == _brute(rag, vid, q)[:5]
+    flt = {"type": "eq", "key": "topic", "value": "granite"}
+    got = rag.search(vid, q, k=5, mode="dense", filters=flt)
+    assert got and all(h["attributes"]["topic"] == "granite" for h in got)
+    assert [_id_of(rag, vid, h) for h in got] == _brute(rag, vid, q, lambda a: a["topic"] == "granite")[:5]
+
+
+def _id_of(rag: RagStore, vid: str, hit: dict[str, Any]) -> int:
+    return int(rag._store(vid).execute("SELECT id FROM chunks WHERE file_id=? AND idx=?",
+                                       (hit["file_id"], hit["chunk_index"])).fetchone()[0])
+
+
+def test_bm25_filter_reads_past_the_first_page(store: tuple[RagStore, str]) -> None:
+    """Most matches of 'note' are filtered out; the k that pass still come back, best first."""
+    rag, vid = store
+    flt = {"type": "and", "filters": [{"type": "eq", "key": "topic", "value": "trains"},
+                                      {"type": "gte", "key": "n", "value": 5}]}
+    got = rag.search(vid, "note about", k=7, mode="bm25", filters=flt)
+    assert len(got) == 7
+    assert {h["attributes"]["n"] for h in got} <= {5, 9} and {h["filename"] for h in got} <= {"doc5.txt", "doc9.txt"}
+    none = rag.search(vid, "note", k=3, mode="hybrid", filters={"type": "eq", "key": "topic", "value": "absent"})
+    assert none == []
+
+
+def test_index_follows_removals_and_new_files(store: tuple[RagStore, str]) -> None:
+    rag, vid = store
+    first = rag.search(vid, "number3x2 granite", k=3, mode="hybrid")
+    assert first[0]["filename"] == "doc3.txt" and "number3x2" in first[0]["content"][0]["text"]
+    rag.remove_file(vid, first[0]["file_id"])
+    after = rag.search(vid, "number3x2 granite", k=20, mode="hybrid")
+    assert all(h["filename"] != "doc3.txt" for h in after)
+    idx = rag._dense_index(vid)
+    assert first[0]["file_id"] not in idx.attrs and len(idx.ids) == len(idx.file_codes) == len(idx.vectors)
+    fid = rag.add_file("late.txt", b"A late note on number3x2 and granite.")["id"]
+    rag.add_to_store(vid, fid, attributes={"topic": "late"})
+    top = rag.search(vid, "number3x2 granite", k=1, mode="hybrid", filters={"type": "eq", "key": "topic",
+                                                                           "value": "late"})
+    assert [h["filename"] for h in top] == ["late.txt"]
+
+
+def test_last_active_at_is_written_at_most_once_a_minute(store: tuple[RagStore, str],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    rag, vid = store
+    clock = [1_000_000.0]
+    monkeypatch.setattr("ortserve.rag.index.time.time", lambda: clock[0])
+    rag.search(vid, "fruit", k=1)
+    assert rag.vector_store(vid)["last_active_at"] == 1_000_000
+    clock[0] += 30
+    rag.search(vid, "fruit", k=1)
+    assert rag.vector_store(vid)["last_active_at"] == 1_000_000
+    clock[0] += 31
+    rag.search(vid, "fruit", k=1)
+    assert rag.vector_store(vid)["last_active_at"] == 1_000_061
