@@ -110,7 +110,8 @@ def search_latency(size: int, queries: int = 60) -> dict[str, Any]:
         con.execute("BEGIN")
         files = max(1, size // 50)
         for f in range(files):
-            con.execute("INSERT INTO vs_files VALUES (?,?,?,?,?,?,?,?,?,?)",
+            con.execute("INSERT INTO vs_files (file_id, filename, sha256, status, attributes, chunking, "
+                        "usage_bytes, chunks, last_error, created_at) VALUES (?,?,?,?,?,?,?,?,?,?)",
                         (f"file-{f}", f"doc{f}.txt", "0", "completed", json.dumps({"group": f % 10}),
                          "{}", 0, 50, None, 0))
         for i in range(size):

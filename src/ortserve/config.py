@@ -117,6 +117,8 @@ class Settings(BaseSettings):
                                  description="Files and vector stores (default: HOME/rag)")
     max_upload_bytes: int = Field(20 * 1024 * 1024, ge=1024, validation_alias=_env("ORTSERVE_MAX_UPLOAD_BYTES"),
                                   description="Largest file accepted by POST /v1/files (413 above)")
+    rag_queue_size: int = Field(10000, ge=1, validation_alias=_env("ORTSERVE_RAG_QUEUE_SIZE"),
+                                description="Files waiting to be embedded into vector stores (429 above)")
     rag_allow_cloud: bool = Field(False, validation_alias=_env("ORTSERVE_RAG_ALLOW_CLOUD"),
                                   description="Let requests that search a vector store be routed to cloud providers")
     # sampling defaults: what a request's unset fields become (docs/api-fields.md)

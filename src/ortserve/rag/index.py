@@ -33,6 +33,7 @@ import numpy as np
 
 from ortserve.errors import InvalidRequest, NotFound
 from ortserve.rag.ingest import Chunk, chunk_text, parse
+from ortserve.rag.jobs import JobsMixin
 from ortserve.rag.search import MODES, DenseIndex, check_filter, fts_query, matches, rrf
 
 _MAIN = """
@@ -46,14 +47,19 @@ _STORE = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
 CREATE TABLE IF NOT EXISTS vs_files (file_id TEXT PRIMARY KEY, filename TEXT NOT NULL, sha256 TEXT NOT NULL,
   status TEXT NOT NULL, attributes TEXT NOT NULL DEFAULT '{}', chunking TEXT NOT NULL, usage_bytes INTEGER NOT NULL,
-  chunks INTEGER NOT NULL DEFAULT 0, last_error TEXT, created_at INTEGER NOT NULL);
+  chunks INTEGER NOT NULL DEFAULT 0, last_error TEXT, created_at INTEGER NOT NULL,
+  batch_id TEXT, attempts INTEGER NOT NULL DEFAULT 0);
 CREATE TABLE IF NOT EXISTS chunks (id INTEGER PRIMARY KEY, file_id TEXT NOT NULL, idx INTEGER NOT NULL,
   text TEXT NOT NULL, start INTEGER NOT NULL, "end" INTEGER NOT NULL, tokens INTEGER NOT NULL,
   hash TEXT NOT NULL, vector BLOB NOT NULL);
 CREATE INDEX IF NOT EXISTS chunks_file ON chunks(file_id);
 CREATE INDEX IF NOT EXISTS chunks_hash ON chunks(hash);
 CREATE VIRTUAL TABLE IF NOT EXISTS chunks_fts USING fts5(text, tokenize='porter unicode61');
+CREATE TABLE IF NOT EXISTS batches (id TEXT PRIMARY KEY, created_at INTEGER NOT NULL,
+  cancelled INTEGER NOT NULL DEFAULT 0);
 """
+VS_FILE_COLUMNS = ("file_id, filename, sha256, status, attributes, chunking, usage_bytes, chunks, last_error, "
+                   "created_at, batch_id, attempts")
 Progress = Callable[[int], None]
 
 
@@ -84,7 +90,7 @@ def _new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:24]}" if prefix == "file" else f"{prefix}_{uuid.uuid4().hex[:24]}"
 
 
-class RagStore:
+class RagStore(JobsMixin):
     """Thread-safe for the server: one lock per operation kind; SQLite serialises writers."""
 
     def __init__(self, root: Path, embedder: Callable[[], Any]) -> None:
@@ -98,6 +104,7 @@ class RagStore:
         self._dense: dict[str, DenseIndex] = {}
         self._touched: dict[str, int] = {}
         self._lock = _TX_LOCK
+        self.worker: Any = None                 # rag/jobs.IngestWorker, in a server
         self._sweep_orphans()
 
     # ---- files ----------------------------------------------------------------
@@ -210,6 +217,7 @@ class RagStore:
                 con = _connect(self.root / "stores" / f"{vid}.sqlite")
                 con.executescript(_STORE)
                 con.execute("INSERT OR IGNORE INTO meta VALUES ('generation', '0')")
+                _migrate(con)
                 self._stores[vid] = con
             return con
 
@@ -228,17 +236,19 @@ class RagStore:
 
     def add_to_store(self, vid: str, fid: str, *, attributes: dict[str, Any] | None = None,
                      max_tokens: int = 200, overlap: int = 40, replace_same_name: bool = False,
-                     progress: Progress | None = None) -> dict[str, Any]:
-        """Parse, chunk, embed (reusing vectors of unchanged chunks), then commit in one transaction."""
+                     progress: Progress | None = None, only_if_pending: bool = False) -> dict[str, Any] | None:
+        """Parse, chunk, embed (reusing vectors of unchanged chunks), then commit in one transaction.
+
+        ``only_if_pending`` (the background worker): commit only if the file is still
+        ``in_progress`` in the store when the work is done (not removed, not cancelled meanwhile);
+        else write nothing and return None.
+        """
         self._row(vid)
         f = self.main.execute("SELECT * FROM files WHERE id=?", (fid,)).fetchone()
         if f is None:
             raise NotFound(f"No such file: {fid!r}", param="file_id")
         con = self._store(vid)
-        emb = self._embedder()
-        if max_tokens > emb.max_tokens - 2:
-            raise InvalidRequest(f"max_chunk_size_tokens {max_tokens} exceeds the embedding model's "
-                                 f"{emb.max_tokens - 2}", param="chunking_strategy")
+        emb = self.check_chunking(max_tokens)
         chunking = {"type": "static", "static": {"max_chunk_size_tokens": max_tokens,
                                                  "chunk_overlap_tokens": overlap}}
         text = parse(f["filename"], self.file_bytes(fid))
@@ -247,6 +257,10 @@ class RagStore:
         hashes = [hashlib.sha256(t.encode("utf-8")).hexdigest() for t in inputs]
         vectors = self._vectors(con, emb, inputs, hashes, progress)
         with _tx(con):
+            row = con.execute("SELECT status, batch_id, attempts, created_at FROM vs_files WHERE file_id=?",
+                              (fid,)).fetchone()
+            if only_if_pending and (row is None or row["status"] != "in_progress"):
+                return None
             if replace_same_name:
                 for (old,) in con.execute("SELECT file_id FROM vs_files WHERE filename=? AND file_id<>?",
                                           (f["filename"], fid)).fetchall():
@@ -259,11 +273,21 @@ class RagStore:
                                   (fid, c.index, c.text, c.start, c.end, c.tokens, h, v.tobytes()))
                 con.execute("INSERT INTO chunks_fts(rowid, text) VALUES (?,?)", (cur.lastrowid, c.text))
             usage = sum(len(c.text.encode()) for c in chunks) + 4 * vectors.size
-            con.execute("INSERT OR REPLACE INTO vs_files VALUES (?,?,?,?,?,?,?,?,?,?)",
+            con.execute(f"INSERT OR REPLACE INTO vs_files ({VS_FILE_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
                         (fid, f["filename"], f["sha256"], "completed", json.dumps(attributes or {}),
-                         json.dumps(chunking), usage, len(chunks), None, int(time.time())))
+                         json.dumps(chunking), usage, len(chunks), None,
+                         row["created_at"] if row else int(time.time()), row["batch_id"] if row else None,
+                         row["attempts"] if row else 0))
             con.execute("UPDATE meta SET value = value + 1 WHERE key='generation'")
         return self.vs_file(vid, fid)
+
+    def check_chunking(self, max_tokens: int) -> Any:
+        """The embedder, once ``max_tokens`` is known to fit it (else a 400 naming chunking_strategy)."""
+        emb = self._embedder()
+        if max_tokens > emb.max_tokens - 2:
+            raise InvalidRequest(f"max_chunk_size_tokens {max_tokens} exceeds the embedding model's "
+                                 f"{emb.max_tokens - 2}", param="chunking_strategy")
+        return emb
 
     def _vectors(self, con: sqlite3.Connection, emb: Any, inputs: list[str], hashes: list[str],
                  progress: Progress | None) -> np.ndarray:
@@ -476,3 +500,12 @@ def _query_pool() -> ThreadPoolExecutor:
 def _batches(cur: sqlite3.Cursor, n: int) -> Iterator[list[int]]:
     while rows := cur.fetchmany(n):
         yield [r[0] for r in rows]
+
+
+def _migrate(con: sqlite3.Connection) -> None:
+    """Stores written before background processing lack vs_files.batch_id/attempts."""
+    have = {r[1] for r in con.execute("PRAGMA table_info(vs_files)")}
+    if "batch_id" not in have:
+        with _tx(con):
+            con.execute("ALTER TABLE vs_files ADD COLUMN batch_id TEXT")
+            con.execute("ALTER TABLE vs_files ADD COLUMN attempts INTEGER NOT NULL DEFAULT 0")

@@ -100,9 +100,11 @@ def create_app(settings: Settings, *, engine: AsyncEngine | None = None, model_d
             await state.manager.adopt(engine, engine.model.dir, engine.model_id)  # type: ignore[union-attr]
             _started(state, engine)
         state.manager.start()  # type: ignore[union-attr]
+        routes_files.start_rag(state)   # resumes vector-store files left in_progress
         try:
             yield
         finally:
+            routes_files.stop_rag(state)
             if loader is not None:
                 loader.cancel()
             if state.router is not None:

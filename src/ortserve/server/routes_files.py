@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -11,6 +12,7 @@ from fastapi.responses import Response
 from ortserve.errors import InvalidRequest, PayloadTooLarge
 from ortserve.rag.index import RagStore
 from ortserve.rag.ingest import safe_filename
+from ortserve.rag.jobs import IngestWorker
 from ortserve.server.pagination import page
 from ortserve.server.routes_seed import state_of
 
@@ -18,12 +20,34 @@ router = APIRouter()
 PURPOSES = ("assistants", "user_data")
 
 
+_OPEN = threading.Lock()
+
+
 def rag_of(request: Request) -> RagStore:
-    """The server's RAG store, opened on first use; it embeds with the server's embedding holder."""
-    st = state_of(request)
-    if st.rag is None:
-        st.rag = RagStore(st.settings.rag_path, lambda: st.embedder.get()[1])
+    return open_rag(state_of(request))
+
+
+def open_rag(st: Any) -> RagStore:
+    """The server's RAG store, opened on first use (it embeds with the server's embedding holder),
+    with its background worker for files added to vector stores."""
+    with _OPEN:
+        if st.rag is None:
+            rag = RagStore(st.settings.rag_path, lambda: st.embedder.get()[1])
+            rag.worker = IngestWorker(rag, st.settings.rag_queue_size)
+            rag.worker.start()
+            st.rag = rag
     return st.rag  # type: ignore[no-any-return]
+
+
+def start_rag(st: Any) -> None:
+    """At server start: resume files an earlier server left in_progress (if there is a store)."""
+    if (st.settings.rag_path / "rag.sqlite").is_file():
+        open_rag(st)
+
+
+def stop_rag(st: Any) -> None:
+    if st.rag is not None and st.rag.worker is not None:
+        st.rag.worker.stop()
 
 
 async def locked(fn: Any, *args: Any, **kw: Any) -> Any:

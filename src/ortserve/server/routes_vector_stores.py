@@ -1,7 +1,9 @@
-"""The OpenAI Vector Stores API subset the SDK uses: stores, their files, and search.
+"""The OpenAI Vector Stores API subset the SDK uses: stores, their files, file batches, search.
 
-Adding a file embeds it before answering (status ``completed`` or ``failed`` at once), so the
-SDK's ``upload_and_poll`` and ``create_and_poll`` return after one poll.
+Adding a file (alone, in a batch, or with a new store) answers at once with the file
+``in_progress``; the server's worker (rag/jobs.py) embeds it in the background and marks it
+``completed`` or ``failed`` with ``last_error``. The SDK's ``create_and_poll`` /
+``upload_and_poll`` poll until then; an ``openai-poll-after-ms`` header paces them.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Literal
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from ortserve.errors import InvalidRequest
@@ -19,6 +21,8 @@ from ortserve.server.routes_files import locked, rag_of
 from ortserve.server.routes_seed import state_of
 
 router = APIRouter()
+POLL_AFTER_MS = 200
+STATUSES = ("in_progress", "completed", "failed", "cancelled")
 
 
 class StaticChunking(BaseModel):
@@ -59,6 +63,34 @@ class AddFile(BaseModel):
     chunking_strategy: ChunkingStrategy | None = None
 
 
+class BatchFile(AddFile):
+    pass
+
+
+class CreateBatch(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    file_ids: list[str] | None = Field(None, min_length=1, max_length=2000)
+    files: list[BatchFile] | None = Field(None, min_length=1, max_length=2000)
+    attributes: dict[str, str | float | bool] | None = Field(None, max_length=16)
+    chunking_strategy: ChunkingStrategy | None = None
+
+    def jobs(self) -> list[tuple[str, dict[str, Any] | None, int, int]]:
+        """(file id, attributes, chunk size, overlap) per file, in the order given."""
+        if (self.file_ids is None) == (self.files is None):
+            raise InvalidRequest("give exactly one of 'file_ids' and 'files'", param="file_ids")
+        if self.file_ids is not None:
+            size, overlap = (self.chunking_strategy or ChunkingStrategy(type="auto")).sizes()
+            return [(fid, self.attributes, size, overlap) for fid in self.file_ids]
+        for name in ("attributes", "chunking_strategy"):   # OpenAI ignores them here; we refuse, not ignore
+            if getattr(self, name) is not None:
+                raise InvalidRequest(f"with 'files', give '{name}' in each file, not for the batch", param=name)
+        out = []
+        for f in self.files or []:
+            size, overlap = (f.chunking_strategy or ChunkingStrategy(type="auto")).sizes()
+            out.append((f.file_id, f.attributes, size, overlap))
+        return out
+
+
 class RankingOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
     ranker: Literal["auto", "default-2024-11-15", "none"] = "auto"
@@ -89,11 +121,15 @@ async def create_store(body: CreateStore, request: Request) -> dict[str, Any]:
     st, rag = state_of(request), rag_of(request)
     for fid in body.file_ids:
         await locked(rag.file, fid)        # 404 before anything is created
+    size, overlap = (body.chunking_strategy or ChunkingStrategy(type="auto")).sizes()
+    if body.file_ids:
+        await asyncio.to_thread(rag.check_chunking, size)
+        rag.worker.room(len(body.file_ids))
     model = (await st.embedder.aget(None))[0].id
     vs = await locked(rag.create_store, body.name, body.metadata, model)
-    size, overlap = (body.chunking_strategy or ChunkingStrategy(type="auto")).sizes()
     for fid in body.file_ids:
-        await asyncio.to_thread(rag.add_to_store, vs["id"], fid, max_tokens=size, overlap=overlap)
+        await locked(rag.enqueue_file, vs["id"], fid, attributes=None, max_tokens=size, overlap=overlap)
+    rag.worker.submit([(vs["id"], fid) for fid in body.file_ids])
     return await locked(rag.vector_store, vs["id"])  # type: ignore[no-any-return]
 
 
@@ -103,8 +139,8 @@ async def list_stores(request: Request) -> dict[str, Any]:
 
 
 @router.get("/v1/vector_stores/{vs_id}")
-async def retrieve_store(vs_id: str, request: Request) -> dict[str, Any]:
-    return await locked(rag_of(request).vector_store, vs_id)  # type: ignore[no-any-return]
+async def retrieve_store(vs_id: str, request: Request, response: Response) -> dict[str, Any]:
+    return _paced(response, await locked(rag_of(request).vector_store, vs_id))
 
 
 @router.delete("/v1/vector_stores/{vs_id}")
@@ -113,30 +149,71 @@ async def delete_store(vs_id: str, request: Request) -> dict[str, Any]:
 
 
 @router.post("/v1/vector_stores/{vs_id}/files")
-async def add_file(vs_id: str, body: AddFile, request: Request) -> dict[str, Any]:
+async def add_file(vs_id: str, body: AddFile, request: Request, response: Response) -> dict[str, Any]:
     rag = rag_of(request)
     await locked(rag.vector_store, vs_id)
     await locked(rag.file, body.file_id)
     size, overlap = (body.chunking_strategy or ChunkingStrategy(type="auto")).sizes()
-    return await asyncio.to_thread(rag.add_to_store, vs_id, body.file_id,  # type: ignore[no-any-return]
-                                   attributes=body.attributes, max_tokens=size, overlap=overlap)
+    await asyncio.to_thread(rag.check_chunking, size)
+    rag.worker.room(1)
+    f = await locked(rag.enqueue_file, vs_id, body.file_id, attributes=body.attributes, max_tokens=size,
+                     overlap=overlap)
+    rag.worker.submit([(vs_id, body.file_id)])
+    return _paced(response, f)
+
+
+def _paced(response: Response, obj: dict[str, Any]) -> dict[str, Any]:
+    """Tell the SDK's pollers how soon to look again (its default is a whole second)."""
+    busy = obj.get("status") == "in_progress" or obj.get("file_counts", {}).get("in_progress")
+    if busy:
+        response.headers["openai-poll-after-ms"] = str(POLL_AFTER_MS)
+    return obj
 
 
 @router.get("/v1/vector_stores/{vs_id}/files")
 async def list_store_files(vs_id: str, request: Request, filter: str | None = None) -> dict[str, Any]:
-    if filter is not None and filter not in ("in_progress", "completed", "failed", "cancelled"):
+    if filter is not None and filter not in STATUSES:
         raise InvalidRequest(f"unknown status filter {filter!r}", param="filter")
     return page(request, await locked(rag_of(request).vs_files, vs_id, filter), known=("filter",))
 
 
 @router.get("/v1/vector_stores/{vs_id}/files/{file_id}")
-async def retrieve_store_file(vs_id: str, file_id: str, request: Request) -> dict[str, Any]:
-    return await locked(rag_of(request).vs_file, vs_id, file_id)  # type: ignore[no-any-return]
+async def retrieve_store_file(vs_id: str, file_id: str, request: Request, response: Response) -> dict[str, Any]:
+    return _paced(response, await locked(rag_of(request).vs_file, vs_id, file_id))
 
 
 @router.delete("/v1/vector_stores/{vs_id}/files/{file_id}")
 async def delete_store_file(vs_id: str, file_id: str, request: Request) -> dict[str, Any]:
     return await locked(rag_of(request).remove_file, vs_id, file_id)  # type: ignore[no-any-return]
+
+
+@router.post("/v1/vector_stores/{vs_id}/file_batches")
+async def create_batch(vs_id: str, body: CreateBatch, request: Request, response: Response) -> dict[str, Any]:
+    rag = rag_of(request)
+    jobs = body.jobs()
+    await locked(rag.vector_store, vs_id)
+    await asyncio.to_thread(rag.check_chunking, max(size for _, _, size, _ in jobs))
+    rag.worker.room(len(jobs))
+    batch = await locked(rag.create_batch, vs_id, jobs)
+    rag.worker.submit([(vs_id, fid) for fid, *_ in jobs])
+    return _paced(response, batch)
+
+
+@router.get("/v1/vector_stores/{vs_id}/file_batches/{batch_id}")
+async def retrieve_batch(vs_id: str, batch_id: str, request: Request, response: Response) -> dict[str, Any]:
+    return _paced(response, await locked(rag_of(request).batch, vs_id, batch_id))
+
+
+@router.post("/v1/vector_stores/{vs_id}/file_batches/{batch_id}/cancel")
+async def cancel_batch(vs_id: str, batch_id: str, request: Request) -> dict[str, Any]:
+    return await locked(rag_of(request).cancel_batch, vs_id, batch_id)  # type: ignore[no-any-return]
+
+
+@router.get("/v1/vector_stores/{vs_id}/file_batches/{batch_id}/files")
+async def list_batch_files(vs_id: str, batch_id: str, request: Request, filter: str | None = None) -> dict[str, Any]:
+    if filter is not None and filter not in STATUSES:
+        raise InvalidRequest(f"unknown status filter {filter!r}", param="filter")
+    return page(request, await locked(rag_of(request).batch_files, vs_id, batch_id, filter), known=("filter",))
 
 
 @router.post("/v1/vector_stores/{vs_id}/search")
