@@ -141,3 +141,29 @@ def test_last_active_at_is_written_at_most_once_a_minute(store: tuple[RagStore, 
     clock[0] += 31
     rag.search(vid, "fruit", k=1)
     assert rag.vector_store(vid)["last_active_at"] == 1_000_061
+
+
+def test_index_is_refreshed_not_reloaded_and_chunk_ids_are_never_reused(store: tuple[RagStore, str],
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """After the first load, a change costs a refresh (drop removed rows, append new ids); a file
+    replacing the newest one gets new ids, so the refreshed index cannot confuse the two."""
+    import ortserve.rag.index as index_mod
+
+    rag, vid = store
+    rag.search(vid, "fruit", k=1)
+    monkeypatch.setattr(index_mod, "_load_index", lambda *a: pytest.fail("full reload"))
+    con = rag._store(vid)
+    newest = con.execute("SELECT file_id, max(id) FROM chunks").fetchone()
+    rag.remove_file(vid, newest[0])
+    fid = rag.add_file("swap.txt", b"Swapped text about quartz and number99x9.")["id"]
+    rag.add_to_store(vid, fid, attributes={"topic": "swap"})
+    ids = [r[0] for r in con.execute("SELECT id FROM chunks WHERE file_id=?", (fid,))]
+    assert min(ids) > newest[1]
+    hit = rag.search(vid, "quartz number99x9", k=1, mode="dense")[0]
+    assert hit["filename"] == "swap.txt" and hit["attributes"] == {"topic": "swap"}
+    idx = rag._dense_index(vid)
+    truth = con.execute("SELECT id, vector FROM chunks ORDER BY id").fetchall()
+    assert idx.ids.tolist() == [r[0] for r in truth]
+    assert np.array_equal(idx.vectors, np.stack([np.frombuffer(r[1], np.float32) for r in truth]))
+    assert np.array_equal(idx.quantized, search_mod.quantize(idx.vectors))
+    assert idx.file_of(ids) == [fid] * len(ids) and newest[0] not in idx.attrs

@@ -34,7 +34,7 @@ import numpy as np
 from ortserve.errors import InvalidRequest, NotFound
 from ortserve.rag.ingest import Chunk, chunk_text, parse
 from ortserve.rag.jobs import JobsMixin
-from ortserve.rag.search import MODES, DenseIndex, check_filter, fts_query, matches, rrf
+from ortserve.rag.search import MODES, DenseIndex, check_filter, fts_query, matches, quantize, rrf
 
 _MAIN = """
 CREATE TABLE IF NOT EXISTS files (id TEXT PRIMARY KEY, filename TEXT NOT NULL, bytes INTEGER NOT NULL,
@@ -267,11 +267,12 @@ class RagStore(JobsMixin):
                     self._delete_chunks(con, old)
                     con.execute("DELETE FROM vs_files WHERE file_id=?", (old,))
             self._delete_chunks(con, fid)
-            for c, h, v in zip(chunks, hashes, vectors, strict=True):
-                cur = con.execute('INSERT INTO chunks (file_id, idx, text, start, "end", tokens, hash, vector) '
-                                  "VALUES (?,?,?,?,?,?,?,?)",
-                                  (fid, c.index, c.text, c.start, c.end, c.tokens, h, v.tobytes()))
-                con.execute("INSERT INTO chunks_fts(rowid, text) VALUES (?,?)", (cur.lastrowid, c.text))
+            first = _next_chunk_id(con, len(chunks))
+            for cid, c, h, v in zip(range(first, first + len(chunks)), chunks, hashes, vectors, strict=True):
+                con.execute('INSERT INTO chunks (id, file_id, idx, text, start, "end", tokens, hash, vector) '
+                            "VALUES (?,?,?,?,?,?,?,?,?)",
+                            (cid, fid, c.index, c.text, c.start, c.end, c.tokens, h, v.tobytes()))
+                con.execute("INSERT INTO chunks_fts(rowid, text) VALUES (?,?)", (cid, c.text))
             usage = sum(len(c.text.encode()) for c in chunks) + 4 * vectors.size
             con.execute(f"INSERT OR REPLACE INTO vs_files ({VS_FILE_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
                         (fid, f["filename"], f["sha256"], "completed", json.dumps(attributes or {}),
@@ -355,8 +356,10 @@ class RagStore(JobsMixin):
         gen = int(con.execute("SELECT value FROM meta WHERE key='generation'").fetchone()[0])
         with self._lock:
             idx = self._dense.get(vid)
-            if idx is None or idx.generation != gen:
+            if idx is None:
                 idx = self._dense[vid] = _load_index(con, gen, self._embedder().dimensions)
+            elif idx.generation != gen:
+                idx = self._dense[vid] = _refresh_index(con, idx, gen)
             return idx
 
     def search(self, vid: str, query: str, *, k: int = 10, filters: dict[str, Any] | None = None,
@@ -484,6 +487,35 @@ def _load_index(con: sqlite3.Connection, generation: int, dim: int) -> DenseInde
             if rows else np.zeros((0, dim), np.float32))
     attrs = {r[0]: json.loads(r[1]) for r in con.execute("SELECT file_id, attributes FROM vs_files")}
     return DenseIndex(generation, ids, vecs, codes, list(files), attrs)
+
+
+def _refresh_index(con: sqlite3.Connection, old: DenseIndex, generation: int) -> DenseIndex:
+    """``old`` brought up to date: rows of removed chunks dropped, chunks newer than its last id
+    appended. Chunk ids are never reused (_next_chunk_id), so "newer" is "id > last". At 100k
+    chunks this costs a copy of the arrays instead of reading every vector again (seconds)."""
+    current = np.fromiter((r[0] for r in con.execute("SELECT id FROM chunks ORDER BY id")), dtype=np.int64)
+    keep = np.isin(old.ids, current, assume_unique=True)
+    last = int(old.ids[-1]) if len(old.ids) else 0
+    rows = con.execute("SELECT id, file_id, vector FROM chunks WHERE id > ? ORDER BY id", (last,)).fetchall()
+    files = {f: i for i, f in enumerate(old.files)}
+    codes = np.fromiter((files.setdefault(r[1], len(files)) for r in rows), dtype=np.int32, count=len(rows))
+    dim = old.vectors.shape[1]
+    vecs = (np.frombuffer(b"".join(r[2] for r in rows), dtype=np.float32).reshape(-1, dim)
+            if rows else np.zeros((0, dim), np.float32))
+    attrs = {r[0]: json.loads(r[1]) for r in con.execute("SELECT file_id, attributes FROM vs_files")}
+    return DenseIndex(generation, np.concatenate([old.ids[keep], [r[0] for r in rows]]).astype(np.int64),
+                      np.concatenate([old.vectors[keep], vecs]), np.concatenate([old.file_codes[keep], codes]),
+                      list(files), attrs, np.concatenate([old._q8[keep], quantize(vecs)]))
+
+
+def _next_chunk_id(con: sqlite3.Connection, n: int) -> int:
+    """The first of ``n`` fresh chunk ids (inside the writer's transaction). Ids are never reused,
+    not even those of deleted chunks, so that an in-memory index can tell new chunks by id."""
+    r = con.execute("SELECT value FROM meta WHERE key='next_chunk_id'").fetchone()
+    top = con.execute("SELECT coalesce(max(id), 0) + 1 FROM chunks").fetchone()[0]
+    first = max(int(r[0]) if r else 0, int(top))
+    con.execute("INSERT OR REPLACE INTO meta VALUES ('next_chunk_id', ?)", (str(first + n),))
+    return first
 
 
 _QUERY_POOL: ThreadPoolExecutor | None = None

@@ -37,10 +37,16 @@ class DenseIndex:
     file_codes: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))  # row -> index in files
     files: list[str] = field(default_factory=list)
     attrs: dict[str, dict[str, Any]] = field(default_factory=dict)   # file id -> attributes
-    quantized: np.ndarray = field(init=False)
+    quantized: np.ndarray | None = None   # int8 copy of vectors (computed when not given)
 
     def __post_init__(self) -> None:
-        self.quantized = np.clip(np.round(self.vectors * 127), -127, 127).astype(np.int8)
+        if self.quantized is None:
+            self.quantized = quantize(self.vectors)
+
+    @property
+    def _q8(self) -> np.ndarray:
+        assert self.quantized is not None
+        return self.quantized
 
     def rows_of(self, allowed: set[str]) -> np.ndarray:
         """Row numbers of the chunks of ``allowed`` files."""
@@ -63,7 +69,7 @@ class DenseIndex:
             return []
         if rows is not None and n > NUMPY_MAX_ROWS:
             # a broad filter: the int8 pass over the subset (its copy costs less than float32 scoring)
-            cand = rows[_int8_top(self.quantized[rows], q, min(n, max(4 * k, 64)))]
+            cand = rows[_int8_top(self._q8[rows], q, min(n, max(4 * k, 64)))]
         elif rows is not None:
             scores = self.vectors[rows] @ q
             cand = rows[np.argpartition(-scores, min(k, n) - 1)[:k]] if n > k else rows
@@ -71,10 +77,14 @@ class DenseIndex:
             scores = self.vectors @ q
             cand = np.argpartition(-scores, min(k, n) - 1)[:k] if n > k else np.arange(n)
         else:
-            cand = _int8_top(self.quantized, q, min(n, max(4 * k, 64)))
+            cand = _int8_top(self._q8, q, min(n, max(4 * k, 64)))
         exact = self.vectors[cand] @ q
         order = np.argsort(-exact)[:k]
         return [(int(self.ids[cand[i]]), float(exact[i])) for i in order]
+
+
+def quantize(vectors: np.ndarray) -> np.ndarray:
+    return np.clip(np.round(vectors * 127), -127, 127).astype(np.int8)
 
 
 def _int8_top(quantized: np.ndarray, q: np.ndarray, cand: int) -> np.ndarray:
