@@ -16,7 +16,7 @@ from router_fakes import FakeCloud, FakeEngine, free_port
 from ortserve.config import load_settings
 from ortserve.errors import InvalidRequest, Overloaded, ProviderError, Unavailable
 from ortserve.providers.base import ChatRequest, Delta, Hints
-from ortserve.router.config import parse_config
+from ortserve.router.config import RouterConfigError, parse_config
 from ortserve.router.costs import Ledger
 from ortserve.router.router import ChatResult, Router, RouteStart
 from ortserve.types import SamplingParams
@@ -433,3 +433,17 @@ def test_a_provider_that_cannot_carry_a_field_is_skipped(anth: FakeCloud, oroute
         go(only_clouds, only_clouds.chat(typical))
     assert info.value.param == "typical_p"
     assert len(anth.requests) == 0 and len(orouter.requests) == 1
+
+
+def test_extensions_say_which_extra_fields_a_compatible_server_takes(anth: FakeCloud, orouter: FakeCloud,
+                                                                      tmp_path: Path) -> None:
+    router = make_router(anth, orouter, tmp_path, openrouter={"extensions": ["typical_p", "min_tokens"]})
+    go(router, router.chat(ChatRequest(messages=[{"role": "user", "content": "hi"}], model="openrouter",
+                                       params=SamplingParams(max_tokens=8, typical_p=0.5, min_tokens=2))))
+    assert (orouter.body["typical_p"], orouter.body["min_tokens"]) == (0.5, 2)
+    with pytest.raises(InvalidRequest) as info:  # top_k is OpenRouter's by default, not in this list
+        go(router, router.chat(ChatRequest(messages=[{"role": "user", "content": "hi"}], model="openrouter",
+                                           params=SamplingParams(top_k=5))))
+    assert info.value.param == "top_k" and "providers.openrouter.extensions" in info.value.message
+    with pytest.raises(RouterConfigError, match=r"providers\.openrouter\.extensions: .*unknown sampling field"):
+        make_router(anth, orouter, tmp_path, openrouter={"extensions": ["mirostat"]})

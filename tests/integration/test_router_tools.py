@@ -19,6 +19,9 @@ WEATHER = {"type": "function", "function": {
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"type": "string"}},
                    "required": ["city"]}}}
 TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
+UNIT = {"type": "function", "function": {  # short arguments, so the random tiny model closes them
+    "name": "set_unit", "parameters": {"type": "object", "properties": {"unit": {"enum": ["celsius", "kelvin"]}},
+                                       "required": ["unit"], "additionalProperties": False}}}
 ARGS = '{"city": "Paris, \\u00eele-de-France", "unit": "celsius"}'
 HIGH = {"complexity": "high"}
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
@@ -230,3 +233,15 @@ def test_private_tool_request_stays_local_and_the_engine_calls_the_tool(client, 
     assert choice.finish_reason == "tool_calls" and choice.message.tool_calls[0].function.name == "get_time"
     assert isinstance(json.loads(choice.message.tool_calls[0].function.arguments), dict)  # the grammar holds
     assert a.requests == o.requests == n.requests == []
+
+
+def test_private_tool_request_streams_from_the_local_engine(client, clouds) -> None:
+    with client.chat.completions.stream(model="auto", messages=ASK, tools=[UNIT], tool_choice="required",
+                                        metadata={"privacy": "high"}, max_tokens=64, temperature=0) as stream:
+        pieces = sum(e.type == "tool_calls.function.arguments.delta" and bool(e.arguments_delta) for e in stream)
+        final = stream.get_final_completion()
+    calls = final.choices[0].message.tool_calls
+    assert final.choices[0].finish_reason == "tool_calls" and calls[0].function.name == "set_unit"
+    assert json.loads(calls[0].function.arguments)["unit"] in ("celsius", "kelvin")
+    assert pieces > 1  # the arguments streamed as generated
+    assert all(not f.requests for f in clouds)

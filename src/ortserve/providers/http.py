@@ -97,13 +97,16 @@ class HttpProvider:
             return refuse(self.name, "logprobs", "logprobs are not carried through the router")
         for name, neutral in SAMPLING_EXTRAS.items():
             if getattr(p, name) != neutral and name not in self.carries():
-                why = ("the deadline is enforced by the local engine only" if name == "timeout"
-                       else f"the {self.kind} protocol has no such field")
-                return refuse(self.name, name, why)
+                return refuse(self.name, name, self.why_not(name))
         if (request.wants_tools or request.structured) and not self.capabilities.tools:
             param = "tools" if request.wants_tools else "response_format"
             return refuse(self.name, param, "its routing config says tools: false")
         return None
+
+    def why_not(self, name: str) -> str:
+        if name == "timeout":
+            return "the deadline is enforced by the local engine only"
+        return f"the {self.kind} protocol has no such field"
 
     # -- readiness and models -------------------------------------------------------------
     @property

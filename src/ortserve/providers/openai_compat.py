@@ -62,6 +62,12 @@ class OpenAICompatProvider(HttpProvider):
     def carries(self) -> frozenset[str]:
         return frozenset(OPENAI_FIELDS + self.extensions)
 
+    def why_not(self, name: str) -> str:
+        if name in EXTENSIONS:
+            return (f"OpenAI's protocol has no such field; if this server takes it, list it in "
+                    f"providers.{self.name}.extensions in the routing config (docs/router.md)")
+        return super().why_not(name)
+
     def url(self) -> str:
         return f"{self.base_url}/chat/completions"
 
