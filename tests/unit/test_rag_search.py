@@ -161,7 +161,13 @@ def test_index_is_refreshed_not_reloaded_and_chunk_ids_are_never_reused(store: t
     assert min(ids) > newest[1]
     hit = rag.search(vid, "quartz number99x9", k=1, mode="dense")[0]
     assert hit["filename"] == "swap.txt" and hit["attributes"] == {"topic": "swap"}
+    before = rag._dense_index(vid)
+    n = len(before.ids)
+    more = rag.add_file("more.txt", b"More text about obsidian.")["id"]   # appended in place: no copy
+    rag.add_to_store(vid, more, attributes={"topic": "more"})
     idx = rag._dense_index(vid)
+    assert idx.vectors.base is before.vectors.base and len(before.ids) == n     # the old view is unchanged
+    assert rag.search(vid, "more.txt: more text about obsidian", k=1, mode="dense")[0]["filename"] == "more.txt"
     truth = con.execute("SELECT id, vector FROM chunks ORDER BY id").fetchall()
     assert idx.ids.tolist() == [r[0] for r in truth]
     assert np.array_equal(idx.vectors, np.stack([np.frombuffer(r[1], np.float32) for r in truth]))
