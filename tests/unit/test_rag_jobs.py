@@ -153,3 +153,21 @@ def test_old_store_gains_the_new_columns(tmp_path: Path) -> None:
     assert json.loads(json.dumps(rag.search(vid, "alpha", k=1)))[0]["file_id"] == fid
     assert np.isfinite(rag.search(vid, "alpha", k=1)[0]["score"])
     rag.close()
+
+
+def test_added_again_while_embedded_the_latest_request_wins(env: tuple[RagStore, str, Hooked]) -> None:
+    """A file re-added (new attributes) while its first add is being embedded: the first
+    result is not committed over the second request; the second job commits its own."""
+    rag, vid, emb = env
+    fid = _file(rag, "a.txt")
+    rag.enqueue_file(vid, fid, attributes={"v": "first"}, max_tokens=64, overlap=8)
+
+    def again() -> None:
+        emb.hook = None
+        rag.enqueue_file(vid, fid, attributes={"v": "second"}, max_tokens=64, overlap=8)
+    emb.hook = again
+    rag.process(vid, fid)
+    assert rag.vs_file(vid, fid)["status"] == "in_progress"
+    rag.process(vid, fid)
+    f = rag.vs_file(vid, fid)
+    assert f["status"] == "completed" and f["attributes"] == {"v": "second"}

@@ -236,12 +236,12 @@ class RagStore(JobsMixin):
 
     def add_to_store(self, vid: str, fid: str, *, attributes: dict[str, Any] | None = None,
                      max_tokens: int = 200, overlap: int = 40, replace_same_name: bool = False,
-                     progress: Progress | None = None, only_if_pending: bool = False) -> dict[str, Any] | None:
+                     progress: Progress | None = None, attempt: int | None = None) -> dict[str, Any] | None:
         """Parse, chunk, embed (reusing vectors of unchanged chunks), then commit in one transaction.
 
-        ``only_if_pending`` (the background worker): commit only if the file is still
-        ``in_progress`` in the store when the work is done (not removed, not cancelled meanwhile);
-        else write nothing and return None.
+        ``attempt`` (the background worker): commit only if the file is still ``in_progress``
+        under that attempt number when the work is done (not removed, cancelled or added again
+        meanwhile: a new add resets it to 0); else write nothing and return None.
         """
         self._row(vid)
         f = self.main.execute("SELECT * FROM files WHERE id=?", (fid,)).fetchone()
@@ -259,7 +259,7 @@ class RagStore(JobsMixin):
         with _tx(con):
             row = con.execute("SELECT status, batch_id, attempts, created_at FROM vs_files WHERE file_id=?",
                               (fid,)).fetchone()
-            if only_if_pending and (row is None or row["status"] != "in_progress"):
+            if attempt is not None and (row is None or row["status"] != "in_progress" or row["attempts"] != attempt):
                 return None
             if replace_same_name:
                 for (old,) in con.execute("SELECT file_id FROM vs_files WHERE filename=? AND file_id<>?",

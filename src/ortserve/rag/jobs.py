@@ -99,10 +99,11 @@ class JobsMixin:
         try:
             self.add_to_store(vid, fid, attributes=json.loads(r["attributes"]),
                               max_tokens=static["max_chunk_size_tokens"], overlap=static["chunk_overlap_tokens"],
-                              progress=progress, only_if_pending=True)
+                              progress=progress, attempt=r["attempts"] + 1)
         except Stopped:
             with _tx(con):      # not the file's fault: this attempt does not count
-                con.execute("UPDATE vs_files SET attempts = max(attempts - 1, 0) WHERE file_id=?", (fid,))
+                con.execute("UPDATE vs_files SET attempts = max(attempts - 1, 0) WHERE file_id=? AND attempts=?",
+                            (fid, r["attempts"] + 1))
         except NotFound as exc:   # the file was deleted meanwhile: its rows went with it
             self._fail(vid, fid, "invalid_file", exc.message)
         except UnsupportedFile as exc:
