@@ -7,6 +7,11 @@ Runs the engine's Runner (prefill 40 tokens, then ``--steps`` greedy decode step
 exact GGUF import's extra nodes are split out: ``minimum_term`` (block sums @ offsets),
 ``minimum_add`` and ``block_sums``; ``lm_head`` is the 8-bit LM head. Shares are of the
 summed kernel time, so they hold up better under machine load than absolute times.
+
+The floor: ``weight_bytes_per_token`` sums, by node kind, the initializers each decode step
+must read (every weight once; the embedding Gather reads one row), and ``memory_bandwidth``
+measures what one thread and ``--threads`` threads can read from RAM (numpy sums of a 512 MB
+buffer, best of 5). bandwidth / bytes is the decode speed no kernel can beat on this machine.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import argparse
 import json
 import os
 import tempfile
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -35,6 +41,52 @@ def kind(name: str, op: str) -> str:
     if "lm_head" in name:
         return "lm_head"
     return op
+
+
+def weight_bytes(onnx_path: Path) -> dict[str, int]:
+    """Initializer bytes one decode step reads from RAM, by node kind (see ``kind``).
+
+    Each initializer counts once (a small one several nodes share stays in cache). Lookup
+    tables count one row, since a step reads only its token's row: the embedding (``Gather*``
+    and the ``Reshape`` ORT folds into it at load) and GroupQueryAttention's cos/sin caches.
+    """
+    import onnx
+
+    model = onnx.load(str(onnx_path), load_external_data=False)
+    dims = {t.name: list(t.dims) for t in model.graph.initializer}
+    item = {t.name: np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
+            for t in model.graph.initializer}
+    out: dict[str, int] = defaultdict(int)
+    seen: set[str] = set()
+    lookups = ("Gather", "GatherBlockQuantized", "Reshape", "GroupQueryAttention")
+    # lookups last: a tied embedding shares its blocks with the LM head, which reads them all
+    for node in sorted(model.graph.node, key=lambda nd: nd.op_type in lookups):
+        k = kind(node.name, node.op_type)
+        for name in node.input:
+            if name not in dims or name in seen:
+                continue
+            seen.add(name)
+            n = int(np.prod(dims[name])) if dims[name] else 1
+            if node.op_type in lookups:
+                out["lookup_rows"] += n * item[name] // max(dims[name][0] if dims[name] else 1, 1)
+            else:
+                out[k] += n * item[name]
+    return dict(out)
+
+
+def read_bandwidth(threads: int, mb: int = 512, reps: int = 5) -> float:
+    """GB/s read from RAM by ``threads`` threads summing disjoint slices of one buffer."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    buf = np.ones(mb * 2**20 // 8, dtype=np.int64)
+    parts = np.array_split(buf, threads)
+    best = float("inf")
+    with ThreadPoolExecutor(threads) as pool:
+        for _ in range(reps):
+            t = time.perf_counter()
+            list(pool.map(np.sum, parts))   # numpy releases the GIL in the reduction
+            best = min(best, time.perf_counter() - t)
+    return buf.nbytes / best / 1e9
 
 
 def main() -> None:
@@ -67,12 +119,22 @@ def main() -> None:
             us[k] += e["dur"]
             count[k] += 1
     total = sum(us.values())
+    cfg = json.loads((Path(path) / "genai_config.json").read_text(encoding="utf-8"))["model"]["decoder"]
+    wb = weight_bytes(Path(path) / cfg.get("filename", "model.onnx"))
+    per_token = sum(wb.values())
+    bw = {f"{n}_threads_gb_s": round(read_bandwidth(n), 2) for n in sorted({1, args.threads})}
+    best_bw = max(bw.values())
+    floor = {"weight_bytes_per_token": per_token,
+             "by_kind_mb": {k: round(v / 1e6, 2) for k, v in sorted(wb.items(), key=lambda kv: -kv[1])},
+             "memory_bandwidth": bw,
+             "bandwidth_bound_tok_s": round(best_bw * 1e9 / per_token, 1),
+             "measured_tok_s": round(1e6 / float(np.median([e["dur"] for e in runs])), 1)}
     rows = sorted(us, key=lambda k: -us[k])
     emit({"benchmark": "op_profile", "model": mid, "machine": machine(), "threads": args.threads,
           "steps": args.steps, "model_run_us_median": float(np.median([e["dur"] for e in runs])),
           "kernels": {k: {"us_per_step": round(us[k] / args.steps, 1), "share": round(us[k] / total, 4),
                           "nodes_per_step": count[k] // args.steps} for k in rows},
-          "loadavg_at_end": os.getloadavg()})
+          "floor": floor, "loadavg_at_end": os.getloadavg()})
 
 
 if __name__ == "__main__":
