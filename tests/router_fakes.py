@@ -122,11 +122,21 @@ class FakeCloud:
             return JSONResponse({
                 "id": "chatcmpl-fake", "object": "chat.completion", "created": int(time.time()),
                 "model": body["model"], "choices": [{"index": 0, "finish_reason": "stop",
-                                                     "message": {"role": "assistant", "content": self.reply}}],
+                                                     "message": {"role": "assistant", "content": self.reply},
+                                                     "logprobs": self.logprobs(body, words)}],
                 "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": len(words),
                           "total_tokens": prompt_tokens + len(words)}})
 
         return app
+
+    def logprobs(self, body: dict[str, Any], words: list[str]) -> dict[str, Any] | None:
+        """OpenAI's choice.logprobs when the request asked for them: one entry per word, made up."""
+        if not body.get("logprobs"):
+            return None
+        top = int(body.get("top_logprobs") or 0)
+        return {"content": [{"token": w, "logprob": -0.25, "bytes": list(w.encode()),
+                             "top_logprobs": [{"token": w, "logprob": -0.25, "bytes": list(w.encode())}] * top}
+                            for w in words], "refusal": None}
 
     def answer_calls(self, body: dict[str, Any]) -> list[tuple[str, str]]:
         forced = body.get("tool_choice") or {}
@@ -229,10 +239,10 @@ class FakeCloud:
 
     async def openai_sse(self, body: dict[str, Any], words: list[str], prompt_tokens: int,
                          action: str) -> AsyncIterator[bytes]:
-        def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
+        def chunk(delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> bytes:
             data = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 0,
-                    "model": body["model"], "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
-                    **extra}
+                    "model": body["model"], "choices": [{"index": 0, "delta": delta, "logprobs": logprobs,
+                                                         "finish_reason": finish}]}
             return f"data: {json.dumps(data)}\n\n".encode()
 
         yield b": OPENROUTER PROCESSING\n\n"
@@ -241,7 +251,7 @@ class FakeCloud:
             return
         yield chunk({"role": "assistant", "content": ""})
         for i, w in enumerate(words):
-            yield chunk({"content": w})
+            yield chunk({"content": w}, logprobs=self.logprobs(body, [w]))
             await asyncio.sleep(0)
             if action == "break" and i == 1:
                 raise RuntimeError("connection dies mid-stream")

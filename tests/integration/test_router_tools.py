@@ -245,3 +245,22 @@ def test_private_tool_request_streams_from_the_local_engine(client, clouds) -> N
     assert json.loads(calls[0].function.arguments)["unit"] in ("celsius", "kelvin")
     assert pieces > 1  # the arguments streamed as generated
     assert all(not f.requests for f in clouds)
+
+
+def test_logprobs_come_back_from_an_openai_compatible_provider_and_the_local_engine(srv, client, clouds) -> None:
+    a, o, _ = clouds
+    r = client.chat.completions.create(model="openrouter", messages=ASK, logprobs=True, top_logprobs=2, max_tokens=8)
+    assert (o.body["logprobs"], o.body["top_logprobs"]) == (True, 2)
+    content = r.choices[0].logprobs.content
+    assert "".join(t.token for t in content) == r.choices[0].message.content and len(content[0].top_logprobs) == 2
+    stream = client.chat.completions.create(model="openrouter", messages=ASK, logprobs=True, max_tokens=8, stream=True)
+    tokens = [t.token for c in stream if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content]
+    assert "".join(tokens) == "Hello from fake OpenRouter" and "top_logprobs" not in o.body
+    local = client.chat.completions.create(model="auto", messages=ASK, logprobs=True, top_logprobs=1, max_tokens=6,
+                                           metadata={"privacy": "high"})
+    assert len(local.choices[0].logprobs.content) == local.usage.completion_tokens
+    assert all(t.logprob <= 0 and len(t.top_logprobs) == 1 for t in local.choices[0].logprobs.content)
+    bad = httpx.post(f"{srv.url}/v1/chat/completions", timeout=30, json={
+        "model": "anthropic", "messages": ASK, "logprobs": True})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "logprobs", bad.text
+    assert a.requests == []

@@ -91,7 +91,7 @@ def test_routed_fields_are_sent_or_refused_never_dropped(srv: ServerThread, clou
         "model": "auto", "max_tokens": 8, "messages": msgs, "metadata": high, "typical_p": 0.9})
     assert r.status_code == 200 and r.headers["x-ortserve-provider"] == "local", r.text
     assert "cannot take 'typical_p'" in r.headers["x-ortserve-route-reason"]
-    for field, value in (("logprobs", True), ("top_logprobs", 2), ("keep_alive", 0), ("n", 2),
+    for field, value in (("top_logprobs", 2), ("keep_alive", 0), ("n", 2),
                          ("functions", [{"name": "f", "parameters": {"type": "object"}}])):
         r = httpx.post(f"{srv.url}/v1/chat/completions", timeout=60, json={
             "model": "auto", "max_tokens": 8, "messages": msgs, "metadata": high, field: value})

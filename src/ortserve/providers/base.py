@@ -153,6 +153,7 @@ class Completion:
     finish_reason: str
     model: str
     tool_calls: list[dict[str, Any]] | None = None  # OpenAI message.tool_calls: {id, type, function{name, arguments}}
+    logprobs: list[dict[str, Any]] | None = None    # OpenAI choice.logprobs.content entries, when asked for
 
 
 @dataclass
@@ -162,6 +163,7 @@ class Delta:
 
     text: str = ""
     tool_calls: list[dict[str, Any]] | None = None
+    logprobs: list[dict[str, Any]] | None = None  # OpenAI logprobs.content entries of this piece's tokens
 
 
 @dataclass

@@ -93,8 +93,8 @@ class HttpProvider:
 
     def refusal(self, request: ChatRequest) -> InvalidRequest | None:
         p = request.params
-        if p.logprobs is not None:
-            return refuse(self.name, "logprobs", "logprobs are not carried through the router")
+        if p.logprobs is not None and "logprobs" not in self.carries():
+            return refuse(self.name, "logprobs", f"the {self.kind} protocol has no log-probabilities")
         for name, neutral in SAMPLING_EXTRAS.items():
             if getattr(p, name) != neutral and name not in self.carries():
                 return refuse(self.name, name, self.why_not(name))

@@ -139,13 +139,16 @@ class LocalProvider:
     async def chat(self, request: ChatRequest, model: str) -> Completion:
         parts: list[str] = []
         calls: list[dict[str, Any]] = []
+        logprobs: list[dict[str, Any]] = []
         async for ev in self.stream(request, model):
             if isinstance(ev, Delta):
                 parts.append(ev.text)
                 merge_tool_calls(calls, ev.tool_calls or [])
+                logprobs += ev.logprobs or []
             else:
                 return Completion(text="".join(parts), usage=ev.usage, finish_reason=ev.finish_reason,
-                                  model=ev.model, tool_calls=calls or None)
+                                  model=ev.model, tool_calls=calls or None,
+                                  logprobs=logprobs if request.params.logprobs is not None else None)
         raise ProviderError(f"{self.name}: stream ended without a result", retryable=False)
 
     async def stream(self, request: ChatRequest, model: str) -> AsyncIterator[StreamEvent]:
@@ -164,9 +167,10 @@ class LocalProvider:
             async for ev in handle:
                 if ev.error:
                     raise ProviderError(f"{self.name}: {ev.error}", retryable=not started)
-                if parser is None and ev.text:
+                lp = _logprobs(engine, ev) if params.logprobs is not None else None
+                if parser is None and (ev.text or lp):
                     started = True
-                    yield Delta(ev.text)
+                    yield Delta(ev.text, logprobs=lp)
                 elif parser is not None:  # tool calls: arguments go out as they are generated
                     from ortserve.server.structured import delta_of
 
@@ -174,6 +178,8 @@ class LocalProvider:
                         if d.index >= 0 or d.content:
                             started = True
                             yield Delta(d.content) if d.index < 0 else Delta(tool_calls=delta_of(d)["tool_calls"])
+                    if lp:
+                        yield Delta(logprobs=lp)
                 if ev.finished:
                     finished = True
                     m = ev.metrics
@@ -190,6 +196,15 @@ class LocalProvider:
                 except Exception as exc:  # noqa: BLE001 - best effort; the engine may be stopping
                     log.debug("local: abort of %s failed: %s", request_id, exc)
         raise ProviderError(f"{self.name}: engine stream ended early", retryable=not started)
+
+
+def _logprobs(engine: Any, ev: Any) -> list[dict[str, Any]] | None:
+    """The engine's (token, logprob, alternatives) as OpenAI logprobs.content entries."""
+    if not ev.logprobs:
+        return None
+    from ortserve.server.structured import chat_logprobs
+
+    return chat_logprobs(engine.codec, ev.logprobs)["content"]  # type: ignore[index]
 
 
 def _constrained(engine: Any, request: ChatRequest) -> tuple[SamplingParams, dict[str, Any], Any]:

@@ -22,7 +22,7 @@ EXTENSIONS = ("top_k", "min_p", "typical_p", "repetition_penalty", "min_tokens")
 # OpenRouter's documented parameters include these (openrouter.ai/docs/api-reference/parameters).
 OPENROUTER_EXTENSIONS = ("top_k", "min_p", "repetition_penalty")
 # Always sent when set: they are OpenAI's own.
-OPENAI_FIELDS = ("seed", "presence_penalty", "frequency_penalty", "logit_bias")
+OPENAI_FIELDS = ("seed", "presence_penalty", "frequency_penalty", "logit_bias", "logprobs")
 
 
 class OpenAICompatOptions(HttpOptions):
@@ -82,10 +82,14 @@ class OpenAICompatProvider(HttpProvider):
             body["top_p"] = p.top_p
         for key, neutral in SAMPLING_EXTRAS.items():  # refusal() has turned away what is not carried
             value = getattr(p, key)
-            if value != neutral and key in self.carries():
+            if value != neutral and key in self.carries() and key != "logprobs":
                 body[key] = {str(t): b for t, b in value} if key == "logit_bias" else value
         if p.stop:
             body["stop"] = list(p.stop)
+        if p.logprobs is not None:  # SamplingParams.logprobs: how many top alternatives per token
+            body["logprobs"] = True
+            if p.logprobs:
+                body["top_logprobs"] = p.logprobs
         for key in ("tools", "tool_choice", "parallel_tool_calls", "response_format"):  # unchanged
             if getattr(request, key) is not None:
                 body[key] = getattr(request, key)
@@ -108,7 +112,8 @@ class OpenAICompatProvider(HttpProvider):
         if not u:
             usage = _estimate(request, text + json.dumps(calls or ""))
         return Completion(text=text, usage=usage, finish_reason=str(choice.get("finish_reason") or "stop"),
-                          model=str(data.get("model") or model), tool_calls=calls)
+                          model=str(data.get("model") or model), tool_calls=calls,
+                          logprobs=_logprobs(choice) if request.params.logprobs is not None else None)
 
     async def stream(self, request: ChatRequest, model: str) -> AsyncIterator[StreamEvent]:
         resp = await self.open(self.body(request, model, stream=True), stream=True)
@@ -128,16 +133,13 @@ class OpenAICompatProvider(HttpProvider):
                     usage = Usage(int(u.get("prompt_tokens", 0)), int(u.get("completion_tokens", 0)))
                 for choice in chunk.get("choices") or []:
                     delta = choice.get("delta") or {}
-                    text = delta.get("content")
-                    if text:
+                    text = str(delta.get("content") or "")
+                    pieces = [_piece(c) for c in delta.get("tool_calls") or []] or None
+                    lp = _logprobs(choice)
+                    if text or pieces or lp:  # pieces go on as they come: arguments are not buffered
                         started = True
-                        parts.append(text)
-                        yield Delta(text)
-                    if delta.get("tool_calls"):  # pieces go on as they come: arguments are not buffered
-                        started = True
-                        pieces = [_piece(c) for c in delta["tool_calls"]]
-                        parts += [pc["function"].get("arguments", "") for pc in pieces]
-                        yield Delta(tool_calls=pieces)
+                        parts += [text, *(pc["function"].get("arguments", "") for pc in pieces or [])]
+                        yield Delta(text, tool_calls=pieces, logprobs=lp)
                     if choice.get("finish_reason"):
                         finish = str(choice["finish_reason"])
         except (httpx.TransportError, json.JSONDecodeError) as exc:
@@ -155,6 +157,13 @@ def _wire(m: dict[str, Any]) -> dict[str, Any]:
     if out.get("tool_calls") and not out.get("content"):
         out["content"] = None
     return out
+
+
+def _logprobs(choice: dict[str, Any]) -> list[dict[str, Any]] | None:
+    lp = choice.get("logprobs")
+    if not isinstance(lp, dict) or not lp.get("content"):
+        return None
+    return list(lp["content"])
 
 
 def _call(c: dict[str, Any]) -> dict[str, Any]:

@@ -77,6 +77,7 @@ class ChatResult:
     local: bool
     failed: list[str] = field(default_factory=list)  # providers tried before this one, and why
     tool_calls: list[dict[str, Any]] | None = None   # OpenAI message.tool_calls
+    logprobs: list[dict[str, Any]] | None = None     # OpenAI logprobs.content, when asked for
 
     def headers(self) -> dict[str, str]:
         h = RouteStart(self.provider, self.model, self.reason).headers()
@@ -350,7 +351,7 @@ class Router:
             except (sqlite3.Error, OSError) as exc:
                 log.warning("cost ledger %s not written: %s", self.ledger.path, exc)
         return ChatResult(c.text, c.usage, c.finish_reason, target.provider, c.model, reason, cost, local,
-                          [e.message for e in failed], c.tool_calls)
+                          [e.message for e in failed], c.tool_calls, c.logprobs)
 
 
 def _refusal(p: Provider, request: ChatRequest) -> InvalidRequest | None:

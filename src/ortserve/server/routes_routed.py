@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 from fastapi import Request
@@ -31,6 +32,7 @@ async def routed_chat(body: ChatCompletionRequest, request: Request, st: ServerS
     check_routable(body)
     params = body.to_sampling_params(st.settings.default_max_tokens, st.settings.max_tokens_cap,
                                      body.effective_max_tokens())
+    params = replace(params, logprobs=body.logprobs_count())  # sent where the protocol has them
     rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     # Fields each provider may or may not carry (seed, top_k, tools...) are checked per provider by
     # the router (Provider.refusal): one that cannot carry a set field is skipped, never sent without it.
@@ -48,7 +50,8 @@ async def routed_chat(body: ChatCompletionRequest, request: Request, st: ServerS
             message = {"role": "assistant", "content": res.text or None, "tool_calls": res.tool_calls}
         return JSONResponse({"id": rid, "object": "chat.completion", "created": created, "model": res.model,
                              "choices": [{"index": 0, "message": message,
-                                          "logprobs": None, "finish_reason": res.finish_reason}],
+                                          "logprobs": _logprobs(res.logprobs if body.logprobs else None),
+                                          "finish_reason": res.finish_reason}],
                              "usage": usage, "ortserve": res.metadata()}, headers=res.headers())
     events = st.router.stream(req)
     start: RouteStart = await events.__anext__()  # errors before the first byte are plain HTTP errors
@@ -58,12 +61,14 @@ async def routed_chat(body: ChatCompletionRequest, request: Request, st: ServerS
                        media_type="text/event-stream", headers={**SSE_HEADERS, **start.headers()})
 
 
+def _logprobs(entries: list[dict[str, Any]] | None) -> dict[str, Any] | None:
+    return None if entries is None else {"content": entries, "refusal": None}
+
+
 # Refused whoever answers: the router has no way to carry them (each says why).
 NOT_ROUTED = {
     "functions": "the legacy 'functions' are not carried through the router; send 'tools'",
     "function_call": "the legacy 'function_call' is not carried through the router; send 'tool_choice'",
-    "logprobs": "logprobs are not carried through the router; name a local model to get them",
-    "top_logprobs": "logprobs are not carried through the router; name a local model to get them",
     "keep_alive": "keep_alive applies to a local model named in the request, not to 'auto' or a provider",
 }
 
@@ -87,11 +92,12 @@ async def _chunks(events: AsyncIterator[Any], start: RouteStart, rid: str, creat
                                     "finish_reason": None}]})
     try:
         async for ev in events:
-            if isinstance(ev, Delta) and ev.text:
-                yield sse({**base, "choices": [{"index": 0, "delta": {"content": ev.text}, "finish_reason": None}]})
+            if isinstance(ev, Delta) and (ev.text or ev.logprobs):
+                yield sse({**base, "choices": [{"index": 0, "delta": {"content": ev.text},
+                                                "logprobs": _logprobs(ev.logprobs), "finish_reason": None}]})
             if isinstance(ev, Delta) and ev.tool_calls:  # each piece as the provider sent it
                 yield sse({**base, "choices": [{"index": 0, "delta": {"tool_calls": ev.tool_calls},
-                                                "finish_reason": None}]})
+                                                "logprobs": None, "finish_reason": None}]})
             elif isinstance(ev, ChatResult):
                 yield sse({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": ev.finish_reason}],
                            "ortserve": ev.metadata()})
