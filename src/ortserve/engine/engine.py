@@ -257,8 +257,13 @@ class RequestHandle:
         """The next event, or a timeout error once the deadline passes (also when the engine is stuck)."""
         if self.deadline is None:
             return await self.queue.get()
+        # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancel that lands in
+        # the loop iteration where queue.get() completes (CPython gh-86296), and a stream whose
+        # client left then went on generating to max_tokens; with tokens arriving every few ms
+        # that race was hit on about half the Stops from the web page.
         try:
-            return await asyncio.wait_for(self.queue.get(), max(0.0, self.deadline - time.monotonic()))
+            async with asyncio.timeout(max(0.0, self.deadline - time.monotonic())):
+                return await self.queue.get()
         except TimeoutError:
             return TokenEvent(request_id=self.id, text="", finished=True, finish_reason="error",
                               error=f"the request did not finish within its timeout of {self.timeout:g}s "
