@@ -128,3 +128,13 @@ def test_auto_prefers_directml_variants_on_a_directml_machine(store: ModelStore)
     add(store, "m", "int4-dml", "int4", "dml", 0.5)
     r = resolve(store, "m", "auto", have={"cuda": False, "dml": True, "webgpu": False})
     assert r.model_id == "m:int4-dml" and r.device == "dml"
+
+
+def test_the_default_model_is_its_q4_1_variant_when_the_fp32_reference_is_installed_too(store: ModelStore) -> None:
+    from ortserve.models.catalog import DEFAULT_MODEL
+    from ortserve.models.importer import ensure_default
+
+    add(store, DEFAULT_MODEL, "fp32-cpu", "fp32", "cpu", 0.0, 4.8)   # sorts first
+    add(store, DEFAULT_MODEL, "q4_1-cpu", "q4_1", "cpu", 0.0, 32.9)  # manifests write precisions in lower case
+    assert ensure_default(store).path.name == f"{DEFAULT_MODEL}--q4_1-cpu"
+    assert ensure_default(store).path == resolve(store, DEFAULT_MODEL, "cpu").path  # what serving picks
