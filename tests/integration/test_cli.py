@@ -7,9 +7,11 @@ import os
 import pty
 import select
 import shutil
+import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -96,6 +98,9 @@ class Terminal:
         self.pid, self.fd = pty.fork()
         if self.pid == 0:  # child
             os.environ["ORTSERVE_HOME"] = str(home)
+            # A terminal's shell gives its programs the default Ctrl-C; a suite started in the
+            # background (`cmd &`, nohup) hands down SIGINT ignored, and Python keeps it ignored.
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
             os.execv(sys.executable, CLI + args)
         self.out = b""
 
@@ -116,9 +121,32 @@ class Terminal:
         _, status = os.waitpid(self.pid, 0)
         return os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
 
+    def close(self) -> None:
+        """Kill the CLI if a failed test left it running (it would wait for input forever)."""
+        try:
+            if os.waitpid(self.pid, os.WNOHANG) == (0, 0):
+                os.kill(self.pid, signal.SIGKILL)
+                os.waitpid(self.pid, 0)
+        except ChildProcessError:
+            pass
+        os.close(self.fd)
 
-def test_chat_in_a_terminal(tiny_model: Path, tmp_path: Path) -> None:
-    term = Terminal(["chat", "--model", str(tiny_model), "--max-tokens", "8", "--temperature", "0"], tmp_path)
+
+@pytest.fixture
+def terminal(tmp_path: Path) -> Iterator[Callable[[list[str]], Terminal]]:
+    opened: list[Terminal] = []
+
+    def _open(args: list[str]) -> Terminal:
+        opened.append(Terminal(args, tmp_path))
+        return opened[-1]
+
+    yield _open
+    for term in opened:
+        term.close()
+
+
+def test_chat_in_a_terminal(tiny_model: Path, terminal: Callable[[list[str]], Terminal]) -> None:
+    term = terminal(["chat", "--model", str(tiny_model), "--max-tokens", "8", "--temperature", "0"])
     assert b">>> " in term.read_until(lambda o: b">>> " in o)
     start = len(term.out)
     term.type(b"Hello there\n")
@@ -142,8 +170,9 @@ def test_ask_through_the_router(tiny_model: Path, tmp_path: Path) -> None:
     assert r.returncode == 1 and "anthropic" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_chat_ctrl_c_stops_the_answer_not_the_session(tiny_model: Path, tmp_path: Path) -> None:
-    term = Terminal(["chat", "--model", str(tiny_model), "--max-tokens", "1900", "--temperature", "0"], tmp_path)
+def test_chat_ctrl_c_stops_the_answer_not_the_session(tiny_model: Path,
+                                                      terminal: Callable[[list[str]], Terminal]) -> None:
+    term = terminal(["chat", "--model", str(tiny_model), "--max-tokens", "1900", "--temperature", "0"])
     term.read_until(lambda o: b">>> " in o)
     term.type(b"Tell me everything\n")
     start = len(term.out)
