@@ -1,8 +1,10 @@
 """Embeddings and retrieval speed, one run, JSON on stdout.
 
 1. Sentences/s: ortserve's onnxruntime runner (fp32 and int8 variants) vs sentence-transformers
-   on PyTorch, same model (all-MiniLM-L6-v2), same sentences, same batch size, alternating rep
-   by rep; cosine of each ortserve vector with sentence-transformers' vector for the same input.
+   on PyTorch, same model (all-MiniLM-L6-v2), same sentences, alternating rep by rep; each side
+   batches its own way (sentence-transformers: sorted by length, ``--batch`` per run, default 32
+   as in its encode(); ortserve: sorted by length, a padded-token budget per run); cosine of
+   each ortserve vector with sentence-transformers' vector for the same input.
 2. Ingest: chunks/s for the shipped document set (tests/data/rag_docs) through RagStore.
 3. Search latency p50/p99 at 10k and 100k chunks (synthetic texts and unit vectors written
    straight into a store), for dense, BM25 and hybrid; the query is embedded each time.
