@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ import pytest
 from router_fakes import FakeCloud, FakeEngine, free_port
 
 from ortserve.config import load_settings
-from ortserve.errors import InvalidRequest, Overloaded, ProviderError, Unavailable
+from ortserve.errors import InvalidRequest, Overloaded, ProviderError, RequestTimeout, Unavailable
 from ortserve.providers.base import ChatRequest, Delta, Hints
 from ortserve.router.config import RouterConfigError, parse_config
 from ortserve.router.costs import Ledger
@@ -379,7 +380,6 @@ FIELDS: dict[str, tuple[Any, Any, bool, bool]] = {
     "repetition_penalty": (1.2, 1.2, True, False),
     "typical_p": (0.9, 0.9, False, False),
     "min_tokens": (4, 4, False, False),
-    "timeout": (30.0, None, False, False),
 }
 
 
@@ -416,6 +416,25 @@ def test_anthropic_refuses_temperature_above_one(anth: FakeCloud, orouter: FakeC
         go(router, router.chat(ChatRequest(messages=[{"role": "user", "content": "hi"}], model="anthropic",
                                            params=SamplingParams(temperature=1.5))))
     assert info.value.param == "temperature" and anth.requests == []
+    with pytest.raises(InvalidRequest) as info:  # the engine's own grammars (Python API) stay local
+        go(router, router.chat(ChatRequest(messages=[{"role": "user", "content": "hi"}], model="openrouter",
+                                           params=SamplingParams(regex="[0-9]+"))))
+    assert info.value.param == "regex" and orouter.requests == []
+
+
+def test_timeout_is_a_deadline_over_the_whole_routed_answer(anth: FakeCloud, orouter: FakeCloud,
+                                                            tmp_path: Path) -> None:
+    router = make_router(anth, orouter, tmp_path, anthropic={"timeout": 5}, openrouter={"timeout": 5})
+    slow = req(params=SamplingParams(max_tokens=8, timeout=0.3))
+    for call in (lambda: router.chat(slow), lambda: collect(router, slow)):
+        anth.script.append("timeout")  # the fake answers after 3 s; the provider would wait 5
+        t0 = time.monotonic()
+        with pytest.raises(RequestTimeout) as info:
+            go(router, call())
+        assert time.monotonic() - t0 < 2.5 and info.value.status == 504 and info.value.code == "timeout"
+    assert orouter.requests == []
+    res = go(router, router.chat(req(params=SamplingParams(max_tokens=8, timeout=30))))
+    assert res.provider == "anthropic" and "timeout" not in anth.body  # not a field of the protocol
 
 
 def test_a_provider_that_cannot_carry_a_field_is_skipped(anth: FakeCloud, orouter: FakeCloud, tmp_path: Path) -> None:

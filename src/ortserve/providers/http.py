@@ -27,8 +27,8 @@ MAX_RETRY_AFTER = 10.0
 # request that sets one to anything else needs a provider whose protocol carries it.
 SAMPLING_EXTRAS: dict[str, object] = {
     "seed": None, "presence_penalty": 0.0, "frequency_penalty": 0.0, "top_k": 0, "min_p": 0.0,
-    "typical_p": 1.0, "repetition_penalty": 1.0, "min_tokens": 0, "logit_bias": (), "timeout": None,
-}
+    "typical_p": 1.0, "repetition_penalty": 1.0, "min_tokens": 0, "logit_bias": (),
+}  # `timeout` is the router's: a deadline over the whole routed answer, whoever gives it
 
 
 class HttpOptions(ProviderOptions):
@@ -93,6 +93,9 @@ class HttpProvider:
 
     def refusal(self, request: ChatRequest) -> InvalidRequest | None:
         p = request.params
+        for name in ("json_schema", "regex", "grammar"):  # the engine's own constraints (Python API)
+            if getattr(p, name):
+                return refuse(self.name, name, "grammars are the local engine's; for JSON send response_format")
         if p.logprobs is not None and "logprobs" not in self.carries():
             return refuse(self.name, "logprobs", f"the {self.kind} protocol has no log-probabilities")
         for name, neutral in SAMPLING_EXTRAS.items():
@@ -104,8 +107,6 @@ class HttpProvider:
         return None
 
     def why_not(self, name: str) -> str:
-        if name == "timeout":
-            return "the deadline is enforced by the local engine only"
         return f"the {self.kind} protocol has no such field"
 
     # -- readiness and models -------------------------------------------------------------

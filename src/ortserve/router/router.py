@@ -14,7 +14,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ortserve.config import Settings
-from ortserve.errors import InvalidRequest, NotFound, OrtServeError, ProviderError, Unavailable
+from ortserve.errors import (
+    InvalidRequest,
+    NotFound,
+    OrtServeError,
+    ProviderError,
+    RequestTimeout,
+    Unavailable,
+)
 from ortserve.providers import PROVIDER_TYPES
 from ortserve.providers.base import ChatRequest, Completion, Delta, Provider, merge_tool_calls
 from ortserve.providers.local import EngineLike, LocalProvider
@@ -271,6 +278,16 @@ class Router:
     # -- answering ------------------------------------------------------------------------
     async def chat(self, request: ChatRequest) -> ChatResult:
         decision = self.decide(request)
+        limit = request.params.timeout
+        if not limit:
+            return await self._chat(request, decision)
+        try:
+            async with asyncio.timeout(limit):  # the request's deadline covers every attempt
+                return await self._chat(request, decision)
+        except TimeoutError:
+            raise _late(limit) from None
+
+    async def _chat(self, request: ChatRequest, decision: Decision) -> ChatResult:
         failed: list[ProviderError] = []
         for target in decision.chain:
             try:
@@ -287,11 +304,24 @@ class Router:
         RouteStart are raised to the caller: the answer has begun and is not switched."""
         decision = self.decide(request)
         failed: list[ProviderError] = []
+        limit = request.params.timeout
+        deadline = asyncio.get_running_loop().time() + limit if limit else None
+
+        async def step(events: Any) -> Any:
+            """The next event, within the request's deadline (checked in this task, no wait_for)."""
+            if deadline is None:
+                return await events.__anext__()
+            try:
+                async with asyncio.timeout_at(deadline):
+                    return await events.__anext__()
+            except TimeoutError:
+                raise _late(limit) from None  # type: ignore[arg-type]
+
         for target in decision.chain:
             events = self.providers[target.provider].stream(request, target.model)
             try:
                 try:
-                    ev = await events.__anext__()
+                    ev = await step(events)
                 except ProviderError as exc:
                     self._failed(target, exc, failed)
                     continue
@@ -308,7 +338,7 @@ class Router:
                     merge_tool_calls(calls, ev.tool_calls or [])
                     yield ev
                     try:
-                        ev = await events.__anext__()
+                        ev = await step(events)
                     except StopAsyncIteration:
                         raise ProviderError(f"{target.provider}: stream ended without a result",
                                             retryable=False) from None
@@ -352,6 +382,11 @@ class Router:
                 log.warning("cost ledger %s not written: %s", self.ledger.path, exc)
         return ChatResult(c.text, c.usage, c.finish_reason, target.provider, c.model, reason, cost, local,
                           [e.message for e in failed], c.tool_calls, c.logprobs)
+
+
+def _late(limit: float) -> RequestTimeout:
+    return RequestTimeout(f"the request did not finish within its timeout of {limit:g}s (every provider tried "
+                          "included)")
 
 
 def _refusal(p: Provider, request: ChatRequest) -> InvalidRequest | None:
