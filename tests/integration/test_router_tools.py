@@ -218,8 +218,17 @@ def test_tools_skip_a_provider_that_has_none(srv: ServerThread, client, clouds) 
     plain = client.chat.completions.with_raw_response.create(model="auto", messages=ASK, metadata=HIGH, max_tokens=8)
     assert plain.headers["x-ortserve-provider"] == "notools"
     bad = httpx.post(f"{srv.url}/v1/chat/completions", timeout=30, json={
-        "model": "notools", "messages": ASK, "tools": [WEATHER]})
+        "model": "notools", "messages": ASK, "tools": [WEATHER], "tool_choice": "none"})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "tools", bad.text
+    history = [*ASK, {"role": "assistant", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]
+    bad = httpx.post(f"{srv.url}/v1/chat/completions", timeout=30, json={"model": "notools", "messages": history})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "messages", bad.text
+    bad = httpx.post(f"{srv.url}/v1/chat/completions", timeout=30, json={
+        "model": "notools", "messages": ASK, "response_format": {"type": "json_object"}})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "response_format", bad.text
+    assert n.requests[-1]["body"]["messages"] == ASK  # only the plain request above reached it
 
 
 def test_private_tool_request_stays_local_and_the_engine_calls_the_tool(client, clouds) -> None:

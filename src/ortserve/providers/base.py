@@ -131,6 +131,12 @@ class ChatRequest:
         return bool(self.tools) and self.tool_choice != "none"
 
     @property
+    def has_tool_parts(self) -> bool:
+        """True when any tool field is set or the history holds tool calls or results."""
+        return self.tools is not None or self.tool_choice is not None or self.parallel_tool_calls is not None \
+            or any(m.get("tool_calls") or m.get("role") == "tool" for m in self.messages)
+
+    @property
     def structured(self) -> bool:
         """True when response_format asks for JSON (json_object or json_schema)."""
         return bool(self.response_format) and (self.response_format or {}).get("type") != "text"

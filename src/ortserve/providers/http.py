@@ -101,8 +101,9 @@ class HttpProvider:
         for name, neutral in SAMPLING_EXTRAS.items():
             if getattr(p, name) != neutral and name not in self.carries():
                 return refuse(self.name, name, self.why_not(name))
-        if (request.wants_tools or request.structured) and not self.capabilities.tools:
-            param = "tools" if request.wants_tools else "response_format"
+        if (request.has_tool_parts or request.structured) and not self.capabilities.tools:
+            param = "response_format" if not request.has_tool_parts else "tools" if request.tools is not None \
+                else "tool_choice" if request.tool_choice is not None else "messages"
             return refuse(self.name, param, "its routing config says tools: false")
         return None
 
