@@ -42,7 +42,7 @@ async def models(request: Request) -> dict[str, Any]:
     st = state_of(request)
     engine = st.ready_engine()
     data = [{"id": engine.model_id, "object": "model", "created": int(st.started), "owned_by": "ortserve",
-             "context_length": engine.context_length, "loaded": True, "pinned": True}]
+             "context_length": engine.context_length, "loaded": True, "pinned": True, "kind": "chat"}]
     data += store_models(st, skip={engine.model_id})
     if st.router is not None and len(st.router.providers) > 1:  # cloud providers configured
         data.append({"id": "auto", "object": "model", "created": int(st.started), "owned_by": "ortserve-router"})

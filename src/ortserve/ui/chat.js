@@ -155,13 +155,14 @@
       el("pre", {}, el("code", { text: args })));
   }
 
-  // Citations from a document store: [{title|filename|file_id, text|quote, score?}].
+  // Citations from a document store: [{title|filename|file_id, text|quote?, score?}].
   function citationsNode(citations) {
     const list = el("ol", {});
     for (const c of citations) {
       const name = c.title || c.filename || c.file_id || c.source || "source";
       const quote = c.text || c.quote || c.snippet || "";
-      list.append(el("li", {}, el("strong", { text: name }), quote ? el("q", { text: quote }) : null));
+      const score = typeof c.score === "number" ? el("span", { class: "cite-score", text: " " + c.score.toFixed(2) }) : null;
+      list.append(el("li", {}, el("strong", { text: name }), score, quote ? el("q", { text: quote }) : null));
     }
     return el("details", { class: "citations", open: true }, el("summary", { text: "Sources" }), list);
   }
@@ -192,6 +193,8 @@
     if (!Number.isNaN(t)) body.temperature = t;
     const n = parseInt($("max-tokens").value, 10);
     if (!Number.isNaN(n)) body.max_tokens = n;
+    const fileSearch = window.ortSearch.fileSearch();  // "answer from store" (search.js)
+    if (fileSearch) body.file_search = fileSearch;
     return body;
   }
 
@@ -339,7 +342,8 @@
       if (res.status === 503) setTimeout(loadModels, 2000);
       return;
     }
-    const models = (await res.json()).data || [];
+    // embedding models (kind "embedding") cannot chat: they serve the document stores only
+    const models = ((await res.json()).data || []).filter((m) => m.kind !== "embedding");
     const label = (m) => m.id + (m.loaded === false ? " (loads on first use)" : "");
     select.replaceChildren(...models.map((m) => el("option", { value: m.id, text: label(m) })));
     if (state.prefs.model && models.some((m) => m.id === state.prefs.model)) select.value = state.prefs.model;
