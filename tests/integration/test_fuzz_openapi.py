@@ -26,9 +26,15 @@ def requests_by_status(url: str) -> dict[str, float]:
 
 
 @pytest.fixture(scope="module")
-def srv(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
+def srv(tiny_model: Path, embedding_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
     home = tmp_path_factory.mktemp("fuzz-home")  # uploads, vector stores: never the shared store
+    # The embedding model the session already imported, copied in: an empty store would import it
+    # (a torch export in a subprocess) on the first generated vector-store request, which on a
+    # loaded machine outlasts the fuzzer's 60 s request timeout. It is loaded before fuzzing too.
+    for variant in embedding_model.parent.glob(embedding_model.name.split("--")[0] + "--*"):
+        shutil.copytree(variant, home / "models" / variant.name)
     with ServerThread(tiny_model, home=home, max_tokens_cap=8, default_max_tokens=4) as s:
+        s.state.embedder.get(None)
         yield s
 
 
