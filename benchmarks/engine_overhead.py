@@ -131,9 +131,8 @@ def main() -> None:
     engine = AsyncEngine.load(path, settings)
     question = QUESTIONS[0]
     ids, _ = engine.prepare(messages=[{"role": "user", "content": question}])
-    raw = None if args.no_og else RawOg(path)
-    if raw is not None and (args.threads or args.spin):
-        raw = None  # og reads its threads from genai_config; not comparable with overrides
+    # og gets the same intra-op thread count (a genai_config overlay); its spinning is its own
+    raw = None if args.no_og or args.spin else RawOg(path, args.threads)
 
     async def run() -> dict[str, Any]:
         await engine.start()
