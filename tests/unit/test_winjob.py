@@ -1,4 +1,4 @@
-"""The Windows kill-on-close job (ortserve.models.winjob): what can be checked off Windows.
+"""The builder child's platform parts: the Windows kill-on-close job (ortserve.models.winjob), what can be checked off Windows, and how a failed builder is reported.
 
 The structure layouts against the 64-bit Windows ABI (sizes and offsets from the SDK headers),
 the call sequence against a recording kernel32, and that the path is taken only on win32.
@@ -87,3 +87,11 @@ def test_off_windows_no_job_and_the_builder_still_runs(monkeypatch: pytest.Monke
     cmd = [sys.executable, "-c", "import sys; print('built é'); print('warn', file=sys.stderr); sys.exit(3)"]
     proc = convert.run_builder(cmd, env={"PYTHONIOENCODING": "utf-8"})
     assert (proc.returncode, proc.stdout.strip(), proc.stderr.strip()) == (3, "built é", "warn")
+
+
+def test_a_failed_builder_says_how_it_ended_and_its_last_real_message() -> None:
+    assert convert.exit_status(1) == "exit 1"
+    assert convert.exit_status(-9) == "killed by SIGKILL"
+    err = "Traceback ...\nRuntimeError: bad config\nSaving x:  50%|█████     | 9/18 [00:00<00:00, 242.79it/s]\r\n"
+    assert convert.last_message(err) == "RuntimeError: bad config"
+    assert convert.last_message("") == "no output"

@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -115,8 +116,8 @@ def build_onnx(hf_dir: Path, out_dir: Path, *, precision: str = "int8", device: 
     proc = run_builder(cmd, env)
     shutil.rmtree(cache, ignore_errors=True)
     if proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-        raise ModelError(f"model builder failed ({precision}/{device}): {tail[0]}")
+        raise ModelError(f"model builder failed ({precision}/{device}, {exit_status(proc.returncode)}): "
+                         f"{last_message(proc.stderr or proc.stdout)}")
     copy_tokenizer_files(hf_dir, out_dir)
     say(f"built in {time.monotonic() - t0:.1f}s")
     return out_dir
@@ -137,6 +138,23 @@ def run_builder(cmd: list[str], env: dict[str, str]) -> subprocess.CompletedProc
             if job is not None:
                 job.close()
     return subprocess.CompletedProcess(cmd, child.returncode, out, err)
+
+
+def exit_status(code: int) -> str:
+    """'exit 1', or the signal that killed the child ('killed by SIGKILL': the OOM killer, a watchdog)."""
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit {code}"
+
+
+def last_message(output: str) -> str:
+    """The builder's last line that is not a tqdm progress bar (those end its stderr)."""
+    lines = [ln.strip() for ln in output.replace("\r", "\n").splitlines() if ln.strip()]
+    told = [ln for ln in lines if "%|" not in ln and "it/s]" not in ln]
+    return (told or lines or ["no output"])[-1]
 
 
 def own_process_group() -> dict[str, Any]:
