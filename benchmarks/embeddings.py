@@ -7,7 +7,9 @@
    each ortserve vector with sentence-transformers' vector for the same input.
 2. Ingest: chunks/s for the shipped document set (tests/data/rag_docs) through RagStore.
 3. Search latency p50/p99 at 10k and 100k chunks (synthetic texts and unit vectors written
-   straight into a store), for dense, BM25 and hybrid; the query is embedded each time.
+   straight into a store, 50 chunks per file with consecutive ids as add_to_store writes them),
+   for dense, BM25 and hybrid; the query is embedded each time. Then the parts of a hybrid
+   query alone, and the first search after one more file is committed (index refresh).
 
     .venv/bin/pip install -e '.[bench]'        # sentence-transformers, for the reference only
     .venv/bin/python benchmarks/embeddings.py [--reps 3] [--sizes 10000,100000]
@@ -121,7 +123,7 @@ def search_latency(size: int, queries: int = 60) -> dict[str, Any]:
             v /= np.linalg.norm(v)
             text = " ".join(rnd.choices(WORDS, k=60))
             cur = con.execute('INSERT INTO chunks (file_id, idx, text, start, "end", tokens, hash, vector) '
-                              "VALUES (?,?,?,?,?,?,?,?)", (f"file-{i % files}", i // files, text, 0, len(text), 60,
+                              "VALUES (?,?,?,?,?,?,?,?)", (f"file-{i * files // size}", i % 50, text, 0, len(text), 60,
                                                           str(i), v.tobytes()))
             con.execute("INSERT INTO chunks_fts(rowid, text) VALUES (?,?)", (cur.lastrowid, text))
         con.execute("UPDATE meta SET value = value + 1 WHERE key='generation'")
