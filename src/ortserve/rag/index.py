@@ -486,7 +486,10 @@ def _load_index(con: sqlite3.Connection, generation: int, dim: int) -> DenseInde
     vecs = (np.frombuffer(b"".join(r[2] for r in rows), dtype=np.float32).reshape(-1, dim)
             if rows else np.zeros((0, dim), np.float32))
     attrs = {r[0]: json.loads(r[1]) for r in con.execute("SELECT file_id, attributes FROM vs_files")}
-    return DenseIndex(generation, ids, vecs, codes, list(files), attrs)
+    # in buffers with headroom, so that the refreshes after a file is added append without a copy
+    return DenseIndex(generation, _append(np.zeros(0, np.int64), ids), _append(np.zeros((0, dim), np.float32), vecs),
+                      _append(np.zeros(0, np.int32), codes), list(files), attrs,
+                      _append(np.zeros((0, dim), np.int8), quantize(vecs)))
 
 
 def _refresh_index(con: sqlite3.Connection, old: DenseIndex, generation: int) -> DenseIndex:
