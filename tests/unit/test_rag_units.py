@@ -71,12 +71,17 @@ def test_filters_fusion_and_fts_query() -> None:
             check_filter(bad)
     fused = rrf([1, 2, 3], [3, 1])
     assert [c for c, _ in fused] == [1, 3, 2] and fused[0][1] <= 1.0
-    assert fts_query('what is "OR" NEAR(x)?') == '"what" OR "is" OR "or" OR "near" OR "x"'
+    assert fts_query('what is "OR" NEAR(x)?') == '"near" OR "x"'            # stopwords left out
+    assert fts_query("what is it?") == '"what" OR "is" OR "it"'               # unless nothing is left
+    weighted = rrf([1, 2], [2, 1], weights=(1.0, 2.0))
+    assert [c for c, _ in weighted] == [2, 1]                                 # the heavier list wins a tie
+    assert rrf([1], [1], weights=(1.0, 2.0))[0][1] == pytest.approx(1.0)
 
 
 def test_question_set_answers_exist_in_the_shipped_docs() -> None:
     qs = json.loads((DATA / "rag_questions.json").read_text(encoding="utf-8"))
     assert len(qs) >= 50
+    qs += json.loads((DATA / "rag_questions_fresh.json").read_text(encoding="utf-8"))
 
     def norm(s: str) -> str:
         return re.sub(r"\s+", " ", s).strip().lower()

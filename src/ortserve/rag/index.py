@@ -34,7 +34,17 @@ import numpy as np
 from ortserve.errors import InvalidRequest, NotFound
 from ortserve.rag.ingest import Chunk, chunk_text, parse
 from ortserve.rag.jobs import JobsMixin
-from ortserve.rag.search import MODES, DenseIndex, check_filter, fts_query, matches, quantize, rrf
+from ortserve.rag.search import (
+    BM25_WEIGHT,
+    DENSE_WEIGHT,
+    MODES,
+    DenseIndex,
+    check_filter,
+    fts_query,
+    matches,
+    quantize,
+    rrf,
+)
 
 _MAIN = """
 CREATE TABLE IF NOT EXISTS files (id TEXT PRIMARY KEY, filename TEXT NOT NULL, bytes INTEGER NOT NULL,
@@ -391,7 +401,7 @@ class RagStore(JobsMixin):
         elif mode == "bm25":
             ranked = [(c, 1.0 / (1 + r)) for r, c in enumerate(bm25)]
         else:
-            ranked = rrf([c for c, _ in dense], bm25)
+            ranked = rrf([c for c, _ in dense], bm25, weights=(DENSE_WEIGHT, BM25_WEIGHT))
         ranked = [(c, s) for c, s in ranked if s >= score_threshold][:k]
         self._touch(vid)
         return self._results(con, ranked)

@@ -10,7 +10,6 @@ import numpy as np
 
 from ortserve.errors import InvalidRequest
 
-RRF_K = 60
 MODES = ("hybrid", "dense", "bm25")
 _OPS = {"eq", "ne", "gt", "gte", "lt", "lte", "in", "nin"}
 
@@ -104,19 +103,41 @@ def _int8_top(quantized: np.ndarray, q: np.ndarray, cand: int) -> np.ndarray:
     return np.asarray(m.keys, dtype=np.int64)
 
 
+# English function words left out of the BM25 query: in an OR-query each one matches most
+# chunks, so a question's "which/how/the/is" outvote its one rare term. Dropping them took
+# BM25 recall@5 from 0.883 to 0.950 on the shipped question set (docs/rag.md). A standard short
+# list, not tuned on the questions; a query of stopwords only keeps them all.
+STOPWORDS = frozenset((
+    "a", "an", "the", "of", "to", "in", "on", "for", "and", "or", "is", "are", "was", "were", "be", "been",
+    "by", "with", "as", "at", "it", "its", "this", "that", "these", "those", "which", "what", "how", "why",
+    "when", "where", "who", "whom", "do", "does", "did", "can", "could", "should", "would", "will", "shall",
+    "may", "might", "must", "from", "into", "than", "then", "there", "their", "them", "they", "i", "me",
+    "my", "you", "your", "we", "our", "us", "he", "she", "his", "her", "not", "no", "if", "so", "about",
+    "use", "used", "using", "has", "have", "had",
+))
+# Reciprocal-rank fusion: k and the weight of each list, chosen on the tuning half of the question
+# set (even-numbered questions) and checked on the held-out half (docs/rag.md). BM25 counts double:
+# on technical docs it is the stronger list; dense still lifts paraphrased questions.
+RRF_K = 10
+DENSE_WEIGHT, BM25_WEIGHT = 1.0, 2.0
+
+
 def fts_query(text: str) -> str:
-    """A safe FTS5 MATCH expression: every word quoted, OR-ed (BM25 ranks by how many match)."""
-    words = re.findall(r"\w+", text.lower())
-    return " OR ".join(f'"{w}"' for w in dict.fromkeys(words))
+    """A safe FTS5 MATCH expression: every word quoted, OR-ed (BM25 ranks by how many match),
+    stopwords left out unless nothing else is left."""
+    words = list(dict.fromkeys(re.findall(r"\w+", text.lower())))
+    content = [w for w in words if w not in STOPWORDS]
+    return " OR ".join(f'"{w}"' for w in (content or words))
 
 
-def rrf(*rankings: list[int], k: int = RRF_K) -> list[tuple[int, float]]:
-    """Reciprocal-rank fusion, scaled so that rank 1 in every list scores 1.0."""
+def rrf(*rankings: list[int], k: int = RRF_K, weights: tuple[float, ...] | None = None) -> list[tuple[int, float]]:
+    """Weighted reciprocal-rank fusion, scaled so that rank 1 in every list scores 1.0."""
+    weights = weights or (1.0,) * len(rankings)
     scores: dict[int, float] = {}
-    for ranking in rankings:
+    for ranking, w in zip(rankings, weights, strict=True):
         for rank, cid in enumerate(ranking):
-            scores[cid] = scores.get(cid, 0.0) + 1.0 / (k + rank + 1)
-    best = len(rankings) / (k + 1)
+            scores[cid] = scores.get(cid, 0.0) + w / (k + rank + 1)
+    best = sum(weights) / (k + 1)
     return sorted(((c, s / best) for c, s in scores.items()), key=lambda x: -x[1])
 
 
