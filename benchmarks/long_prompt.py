@@ -1,11 +1,14 @@
 r"""A long prompt among running streams: chunked prefill keeps their pace (JSON, one run).
 
-    nice -n 10 .venv/bin/python benchmarks/long_prompt.py [--model ID] [--streams 8] [--prompt 4096] \\
-        [--chunks 128,256,512,1024,8192] [--rss-prompt 8000]
+    flock /work/bench.lock nice -n -10 .venv/bin/python benchmarks/long_prompt.py [--model ID] \\
+        [--streams 8] [--prompt 4096] [--chunks 128,256,512] [--ratios 1,2,3] [--rss-prompt 8000]
 
-For each chunk size: 8 streams decode; their inter-token times (TPOT) are taken before a
-4k-token prompt arrives and while it is prefilled (arrival -> its first token). The long
-prompt's TTFT is compared with its TTFT on the idle engine, measured in the same round.
+For each configuration (a fixed token chunk with the time budget off, or the time budget
+``prefill_ratio`` r with chunks capped at 512): 8 streams decode; their inter-token times
+(TPOT) are taken before a 4k-token prompt arrives and while it is prefilled (arrival -> its
+first token). The long prompt's TTFT is compared with its TTFT on the idle engine under the
+same configuration, measured in the same round (idle, the time budget does not apply: there
+is nobody to protect, so the prompt goes in whole chunks).
 Goal (issue 18): p99 TPOT during <= 3x before, long-prompt TTFT <= 1.5x idle.
 Peak RSS for one 8k prompt runs in child processes: "before" = whole prefill with logits
 for every position (the graph as built), "after" = 512-token chunks, last-position logits.
@@ -48,6 +51,14 @@ async def ttft(engine: AsyncEngine, prompt: str) -> float:
 async def round_for(engine: AsyncEngine, prompt: str, streams: int, warm_tokens: int) -> dict[str, Any]:
     """Streams decoding, then the long prompt arrives; gaps before vs during its prefill."""
     times: list[list[float]] = [[] for _ in range(streams)]
+    chunks: list[int] = []  # the long prompt's chunk sizes (the only prefill while it runs)
+    runner = engine.core.runner
+    orig_prefill = runner.prefill
+
+    def spy(row: int, ids: list[int], **kw: Any) -> Any:
+        if len(ids) > 100 or kw.get("start"):
+            chunks.append(len(ids))
+        return orig_prefill(row, ids, **kw)
     params = SamplingParams(temperature=0, max_tokens=4000, ignore_eos=True)
     handles = [engine.submit(messages=[{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}], params=params)
                for i in range(streams)]
@@ -63,7 +74,11 @@ async def round_for(engine: AsyncEngine, prompt: str, streams: int, warm_tokens:
     while min(len(t) for t in times) < warm_tokens:
         await asyncio.sleep(0.01)
     arrival = time.perf_counter()
-    long_ttft = await ttft(engine, prompt)
+    runner.prefill = spy
+    try:
+        long_ttft = await ttft(engine, prompt)
+    finally:
+        del runner.prefill
     first = arrival + long_ttft
     await asyncio.sleep(0.2)
     for h in handles:
@@ -76,19 +91,23 @@ async def round_for(engine: AsyncEngine, prompt: str, streams: int, warm_tokens:
                 before.append(b - a)
             elif a >= arrival and (b <= first or a < first <= b):  # up to the gap the last chunk ends
                 during.append(b - a)
-    return {"ttft_during_s": long_ttft, "before": before, "during": during}
+    return {"ttft_during_s": long_ttft, "before": before, "during": during, "chunks": chunks}
 
 
-async def tradeoff(engine: AsyncEngine, prompt: str, chunks: list[int], streams: int) -> list[dict[str, Any]]:
+async def tradeoff(engine: AsyncEngine, prompt: str, configs: list[tuple[int, float]],
+                   streams: int) -> list[dict[str, Any]]:
     rows = []
     await ttft(engine, prompt)  # warm the session's shapes
-    for c in chunks:
-        engine.core.chunk_tokens = c
+    for c, ratio in configs:
+        engine.core.chunk_tokens, engine.core.prefill_ratio = c, ratio
         idle = await ttft(engine, prompt)
-        r = await round_for(engine, prompt, streams, warm_tokens=12)
+        r = await round_for(engine, prompt, streams, warm_tokens=32)
         b50, b99 = pct(r["before"], 0.5), pct(r["before"], 0.99)
         d50, d99 = pct(r["during"], 0.5), pct(r["during"], 0.99)
-        rows.append({"chunk": c, "tpot_before_ms": {"p50": round(1e3 * b50, 1), "p99": round(1e3 * b99, 1)},
+        rows.append({"chunk": c, "prefill_ratio": ratio, "loadavg_1m": round(os.getloadavg()[0], 1),
+                     "chunks_during": len(r["chunks"]),
+                     "chunk_tokens_median": pct(r["chunks"], 0.5),
+                     "tpot_before_ms": {"p50": round(1e3 * b50, 1), "p99": round(1e3 * b99, 1)},
                      "tpot_during_ms": {"p50": round(1e3 * d50, 1), "p99": round(1e3 * d99, 1)},
                      "p99_during_over_before": round(d99 / b99, 2) if b99 else None,
                      "tokens_during": len(r["during"]),
@@ -132,7 +151,8 @@ def main() -> None:
     ap.add_argument("--model", default=None)
     ap.add_argument("--streams", type=int, default=8)
     ap.add_argument("--prompt", type=int, default=4096, help="long prompt tokens")
-    ap.add_argument("--chunks", default="128,256,512,1024,8192")
+    ap.add_argument("--chunks", default="128,256,512", help="fixed token chunks (time budget off)")
+    ap.add_argument("--ratios", default="1,2,3", help="prefill_ratio values (chunks capped at 512)")
     ap.add_argument("--rss-prompt", type=int, default=8000)
     ap.add_argument("--skip-rss", action="store_true")
     ap.add_argument("--rss-child", action="store_true", help=argparse.SUPPRESS)
@@ -152,8 +172,9 @@ def main() -> None:
     engine.core.start()
     prompt = long_text(engine, args.prompt)
     result.update(model=model_id, streams=args.streams, long_prompt_tokens=engine.count_tokens(prompt))
-    result["chunks"] = asyncio.run(tradeoff(engine, prompt, [int(c) for c in args.chunks.split(",")],
-                                            args.streams))
+    configs = [(int(c), 0.0) for c in args.chunks.split(",") if c]
+    configs += [(512, float(r)) for r in args.ratios.split(",") if r]
+    result["chunks"] = asyncio.run(tradeoff(engine, prompt, configs, args.streams))
     engine.core.stop()
     result["loadavg_at_end"] = os.getloadavg()
     emit(result)

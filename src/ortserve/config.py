@@ -63,6 +63,9 @@ class Settings(BaseSettings):
     prefill_chunk: int = Field(512, ge=16, validation_alias=_env("ORTSERVE_PREFILL_CHUNK"),
                                description="Prompt tokens prefilled per engine step; longer prompts are "
                                            "prefilled in chunks between decode steps")
+    prefill_ratio: float = Field(2.0, ge=0, validation_alias=_env("ORTSERVE_PREFILL_RATIO"),
+                                 description="While streams decode, a step's prompt chunk may take this many "
+                                             "times the measured decode step (0 = prefill_chunk tokens only)")
     kv_placement: Literal["auto", "host", "device"] = Field(
         "auto", validation_alias=_env("ORTSERVE_KV_PLACEMENT"),
         description="Where the KV cache lives: auto (host for CPU, the GPU's memory for CUDA/DirectML), "

@@ -72,6 +72,39 @@ def test_chunked_prefill_gives_the_same_tokens_and_interleaves_decode(engine, si
     assert decoded_while_prefilling, "running streams should decode between the chunks"
 
 
+@pytest.mark.parametrize("ratio", [1e-6, 0.7])
+def test_time_budgeted_prefill_gives_the_same_tokens(engine, singles, ratio) -> None:
+    """The time budget only changes where a prompt is cut (down to MIN_CHUNK tokens), never the tokens."""
+    core = engine.core
+    saved = core.prefill_ratio, core.chunk_tokens
+    chunks: list[tuple[int, int]] = []  # (tokens in the chunk, sequences decoding) for each prefill call
+    orig_prefill = core.runner.prefill
+
+    def spy(row, ids, **kw):
+        chunks.append((len(ids), len(core.running)))
+        return orig_prefill(row, ids, **kw)
+
+    core.runner.prefill = spy
+    core.prefill_ratio, core.chunk_tokens = ratio, 256
+    try:
+        async def scenario():
+            short = asyncio.ensure_future(engine.generate(prompt=PROMPTS[1], params=SamplingParams(
+                temperature=0, max_tokens=300, ignore_eos=True)))
+            await asyncio.sleep(0.05)
+            long = await engine.generate(prompt=LONG, params=GREEDY)
+            return long, await short
+        long, _ = run(scenario())
+    finally:
+        core.prefill_ratio, core.chunk_tokens = saved
+        del core.runner.prefill
+    assert long.text == singles[-1]
+    beside_decode = [n for n, decoding in chunks if decoding]
+    assert len(beside_decode) > 2, "the long prompt should be prefilled in several chunks beside the stream"
+    assert all(16 <= n <= 256 for n in beside_decode), beside_decode
+    if ratio == 1e-6:  # a budget far below one token: the floor (0.7 lands where the timings say)
+        assert beside_decode[:-1] == [16] * (len(beside_decode) - 1)
+
+
 def test_a_fault_in_one_row_ends_only_that_request(engine, singles) -> None:
     for where in ("step", "postprocess"):
         ids = [f"{where}-{i}" for i in range(4)]

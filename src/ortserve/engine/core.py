@@ -3,7 +3,10 @@
 Each step the scheduler
   * admits waiting sequences while KV rows and the KV byte budget allow,
   * gives at most ``chunk_tokens`` prompt tokens to prefill (a long prompt is prefilled in
-    chunks over several steps, so running sequences keep decoding in between),
+    chunks over several steps, so running sequences keep decoding in between); while
+    sequences decode, the chunk is also held to a time budget, ``prefill_ratio`` x the
+    measured decode step, converted to tokens with the measured prefill cost per token, so a
+    step with a chunk takes about ``1 + prefill_ratio`` decode steps on any hardware or load,
   * preempts the newest sequence when decode growth would pass the KV budget (it is
     re-admitted later by recomputing its prefix, so its tokens do not change);
 then the runner runs the prefill chunks and one batched decode step, and each sequence is
@@ -22,6 +25,7 @@ from __future__ import annotations
 import collections
 import ctypes
 import logging
+import os
 import sys
 import threading
 import time
@@ -42,6 +46,8 @@ IDLE_CAPACITY = 256  # tokens per row kept when idle; more is given back
 # Decode tokens reserved at admission beyond the prefix. Reserving all of max_tokens would
 # leave most of the budget idle (answers usually stop early); past this, growth preempts.
 ADMIT_HEADROOM = 16
+MIN_CHUNK = 16  # the time budget never cuts a prompt chunk below this many tokens
+EMA = 0.25      # weight of the newest measurement in the decode-step and prefill-cost averages
 
 
 class EngineCrash(BaseException):
@@ -57,8 +63,8 @@ class Plan:
 
 
 class EngineCore:
-    def __init__(self, runner: Runner, *, chunk_tokens: int = 512, kv_budget_bytes: int | None = None,
-                 guidance: Guidance | None = None) -> None:
+    def __init__(self, runner: Runner, *, chunk_tokens: int = 512, prefill_ratio: float = 0.0,
+                 kv_budget_bytes: int | None = None, guidance: Guidance | None = None) -> None:
         self.runner = runner
         self.guidance = guidance  # grammar masks for constrained sequences (engine/guidance.py)
         self._masks = allocate_masks(runner.slots, runner.spec.vocab_size)
@@ -67,6 +73,9 @@ class EngineCore:
         self.mask_seconds = 0.0  # time the loop waited for grammar masks after a decode step
         self.eos = set(runner.spec.eos_token_ids)
         self.chunk_tokens = max(1, chunk_tokens)
+        self.prefill_ratio = prefill_ratio  # 0: chunks of chunk_tokens only, no time budget
+        self.step_seconds: float | None = None       # measured: a step's time outside prefill (EMA)
+        self.prefill_token_seconds: float | None = None  # measured: prefill time per prompt token (EMA)
         self.kv_budget = kv_budget_bytes or (1 << 62)
         runner.byte_limit = self.kv_budget
         self.waiting: collections.deque[Sequence] = collections.deque()
@@ -178,10 +187,14 @@ class EngineCore:
                 log.critical("engine thread died: %s", self.died, exc_info=exc)
 
     def step(self) -> None:
+        t0 = time.perf_counter()
         plan = self._schedule()
+        prefilled = self.prefill_seconds
         self._prefill(plan.prefill_budget)
+        prefilled = self.prefill_seconds - prefilled
         if plan.decode:
             self._decode(plan.decode)
+            self.step_seconds = _ema(self.step_seconds, time.perf_counter() - t0 - prefilled)
         self._retire_finished()
         if not self.running and not self.prefilling and not self.waiting:
             self._release_idle_memory()
@@ -196,7 +209,22 @@ class EngineCore:
             if self.fits(rows, need) or rows == 1:
                 break
             self._preempt_newest()
-        return Plan(decode=list(self.running), prefill_budget=self.chunk_tokens)
+        return Plan(decode=list(self.running), prefill_budget=self.prefill_tokens_now())
+
+    def prefill_tokens_now(self) -> int:
+        """Prompt tokens this step may prefill: ``chunk_tokens``, and while sequences decode at most
+        what fits in ``prefill_ratio`` x the measured decode step (never under ``MIN_CHUNK``).
+
+        Why time, not tokens: a step that prefills costs the running streams ``chunk time`` on top
+        of their decode step, and the long prompt waits one decode step per chunk. With the chunk
+        at r decode steps, stream TPOT is (1 + r) x and the prompt's TTFT (1 + 1/r) x what they
+        would be alone, whatever the machine and its load; a fixed token count lands anywhere on
+        that curve depending on how fast the hardware is right now.
+        """
+        if not self.running or self.prefill_ratio <= 0 or not self.step_seconds or not self.prefill_token_seconds:
+            return self.chunk_tokens
+        fit = int(self.prefill_ratio * self.step_seconds / self.prefill_token_seconds)
+        return max(MIN_CHUNK, min(self.chunk_tokens, fit))
 
     def _preempt_newest(self) -> None:
         candidates = self.running + ([self.prefilling] if self.prefilling else [])
@@ -255,8 +283,10 @@ class EngineCore:
                 self._fail(seq, exc)
                 self.runner.clear(seq.row)
                 continue
-            self.prefill_seconds += time.perf_counter() - t0
+            spent = time.perf_counter() - t0
+            self.prefill_seconds += spent
             self.prefill_tokens += end - start
+            self.prefill_token_seconds = _ema(self.prefill_token_seconds, spent / (end - start))
             budget -= end - start
             seq.cached = end
             if not last:
@@ -468,6 +498,46 @@ class EngineCore:
         if self.runner.capacity > IDLE_CAPACITY or self.runner.rows > 1:
             self.runner.shrink(IDLE_CAPACITY)
             trim_heap()
+
+
+def _ema(avg: float | None, x: float) -> float:
+    return x if avg is None else (1 - EMA) * avg + EMA * x
+
+
+# glibc mallopt parameters (malloc.h)
+_M_MMAP_THRESHOLD = -3
+_M_ARENA_MAX = -8
+HEAP_ARENAS = 2                  # malloc arenas for the whole process
+HEAP_MMAP_THRESHOLD = 256 << 10  # allocations from this size up get their own mapping
+
+
+def tune_heap() -> bool:
+    """Make a long-running server's RSS follow what it really holds (Linux/glibc; call it before
+    the model loads, so threads created later share the few arenas).
+
+    * Few arenas: glibc gives threads up to 8 x cores arenas of 64 MB; the engine thread, ONNX
+      Runtime's workers and the event loop each fragment their own, and a soak's RSS crept up
+      for minutes as each reached its own high-water mark (16 streams: a 590 MB plateau with
+      6 arenas, 460 MB with 2, measured with benchmarks/soak.py).
+    * A fixed mmap threshold: glibc raises its threshold to the largest block ever freed (up
+      to 32 MB), after which KV buffers and other large arrays come from the heap and stay there
+      when freed. Fixed at 256 KB, they are mapped and unmapped (a decode step allocates nothing
+      that large; the KV cache and ONNX Runtime's arena are allocated rarely).
+
+    A user's own ``MALLOC_ARENA_MAX`` / ``MALLOC_MMAP_THRESHOLD_`` win. Returns whether it applied.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        done = False
+        if "MALLOC_ARENA_MAX" not in os.environ:
+            done = bool(libc.mallopt(_M_ARENA_MAX, HEAP_ARENAS)) or done
+        if "MALLOC_MMAP_THRESHOLD_" not in os.environ:
+            done = bool(libc.mallopt(_M_MMAP_THRESHOLD, HEAP_MMAP_THRESHOLD)) or done
+        return done
+    except (OSError, AttributeError):  # not glibc (musl): nothing to tune
+        return False
 
 
 def trim_heap() -> None:

@@ -110,6 +110,7 @@ class AsyncEngine:
 
     def _new_core(self, runner: Runner) -> EngineCore:
         return EngineCore(runner, chunk_tokens=int(getattr(self.settings, "prefill_chunk", 512)),
+                          prefill_ratio=float(getattr(self.settings, "prefill_ratio", 0.0)),
                           kv_budget_bytes=self.kv_budget, guidance=self.model.guidance)
 
     def reload(self) -> None:

@@ -1,0 +1,59 @@
+"""The prefill time budget's arithmetic (engine/core.py), without a model."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from ortserve.engine.core import MIN_CHUNK, EngineCore, _ema
+
+
+def budget(running: int = 8, ratio: float = 2.0, step: float | None = 0.025,
+           per_token: float | None = 0.001, chunk: int = 512) -> int:
+    core = SimpleNamespace(running=[object()] * running, prefill_ratio=ratio, step_seconds=step,
+                           prefill_token_seconds=per_token, chunk_tokens=chunk)
+    return EngineCore.prefill_tokens_now(core)  # type: ignore[arg-type]
+
+
+def test_the_chunk_takes_ratio_times_the_decode_step() -> None:
+    assert budget() == 50                     # 2 x 25 ms at 1 ms per prompt token
+    assert budget(ratio=3.0) == 75
+    assert budget(per_token=0.0005) == 100    # a faster prefill: more tokens in the same time
+
+
+@pytest.mark.parametrize("kw, expected", [
+    ({"running": 0}, 512),                    # nothing decodes: nobody to protect, whole chunks
+    ({"ratio": 0.0}, 512),                    # budget off: token chunks only
+    ({"step": None}, 512),                    # nothing measured yet
+    ({"per_token": None}, 512),
+    ({"per_token": 1e-6}, 512),               # never past prefill_chunk
+    ({"per_token": 1.0}, MIN_CHUNK),          # never under the floor
+])
+def test_bounds(kw: dict, expected: int) -> None:
+    assert budget(**kw) == expected
+
+
+def test_the_averages_follow_the_newest_measurements() -> None:
+    avg = None
+    for _ in range(20):
+        avg = _ema(avg, 0.010)
+    assert avg == pytest.approx(0.010)
+    for _ in range(20):
+        avg = _ema(avg, 0.040)
+    assert avg == pytest.approx(0.040, rel=0.01)
+
+
+def test_heap_tuning_applies_on_glibc_and_leaves_user_settings() -> None:
+    import platform
+    import subprocess
+    import sys
+
+    code = "from ortserve.engine.core import tune_heap; print(tune_heap())"
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("MALLOC_")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    expected = "True" if sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc" else "False"
+    assert out.stdout.strip() == expected
+    env.update(MALLOC_ARENA_MAX="4", MALLOC_MMAP_THRESHOLD_="131072")  # the user's own: nothing to do
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert out.stdout.strip() == "False"
