@@ -100,7 +100,7 @@ def test_time_budgeted_prefill_gives_the_same_tokens(engine, singles, ratio) -> 
     assert long.text == singles[-1]
     beside_decode = [n for n, decoding in chunks if decoding]
     assert len(beside_decode) > 2, "the long prompt should be prefilled in several chunks beside the stream"
-    assert all(16 <= n <= 256 for n in beside_decode), beside_decode
+    assert all(16 <= n <= 256 for n in beside_decode[:-1]), beside_decode  # the last: what is left
     if ratio == 1e-6:  # a budget far below one token: the floor (0.7 lands where the timings say)
         assert beside_decode[:-1] == [16] * (len(beside_decode) - 1)
 
