@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from ortserve.engine.core import MIN_CHUNK, EngineCore, _ema
+from ortserve.engine.core import MIN_CHUNK, RECENT, EngineCore
 
 
 def budget(running: int = 8, ratio: float = 2.0, step: float | None = 0.025,
@@ -34,14 +34,17 @@ def test_bounds(kw: dict, expected: int) -> None:
     assert budget(**kw) == expected
 
 
-def test_the_averages_follow_the_newest_measurements() -> None:
-    avg = None
-    for _ in range(20):
-        avg = _ema(avg, 0.010)
-    assert avg == pytest.approx(0.010)
-    for _ in range(20):
-        avg = _ema(avg, 0.040)
-    assert avg == pytest.approx(0.040, rel=0.01)
+def test_the_measurements_are_recent_medians() -> None:
+    import collections
+
+    core = SimpleNamespace(_step_times=collections.deque(maxlen=RECENT),
+                           _token_times=collections.deque(maxlen=RECENT))
+    step = EngineCore.step_seconds.fget
+    assert step(core) is None                 # nothing measured: the budget stays off
+    core._step_times.extend([0.025] * 10 + [2.0] * 3)  # three steps stretched by a busy machine
+    assert step(core) == 0.025                # ... do not move the budget (a mean would be 0.48 s)
+    core._step_times.extend([0.040] * RECENT)  # the batch grew: the newest steps take over
+    assert step(core) == 0.040
 
 
 def test_heap_tuning_applies_on_glibc_and_leaves_user_settings() -> None:

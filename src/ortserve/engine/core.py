@@ -26,6 +26,7 @@ import collections
 import ctypes
 import logging
 import os
+import statistics
 import sys
 import threading
 import time
@@ -47,7 +48,7 @@ IDLE_CAPACITY = 256  # tokens per row kept when idle; more is given back
 # leave most of the budget idle (answers usually stop early); past this, growth preempts.
 ADMIT_HEADROOM = 16
 MIN_CHUNK = 16  # the time budget never cuts a prompt chunk below this many tokens
-EMA = 0.25      # weight of the newest measurement in the decode-step and prefill-cost averages
+RECENT = 16     # the budget uses the median of this many recent decode steps and prompt chunks
 
 
 class EngineCrash(BaseException):
@@ -74,8 +75,10 @@ class EngineCore:
         self.eos = set(runner.spec.eos_token_ids)
         self.chunk_tokens = max(1, chunk_tokens)
         self.prefill_ratio = prefill_ratio  # 0: chunks of chunk_tokens only, no time budget
-        self.step_seconds: float | None = None       # measured: a step's time outside prefill (EMA)
-        self.prefill_token_seconds: float | None = None  # measured: prefill time per prompt token (EMA)
+        # measured: a step's time outside prefill, and prefill time per prompt token. Medians, not
+        # means: one step stretched by the OS (a busy machine) must not inflate the budget
+        self._step_times: collections.deque[float] = collections.deque(maxlen=RECENT)
+        self._token_times: collections.deque[float] = collections.deque(maxlen=RECENT)
         self.kv_budget = kv_budget_bytes or (1 << 62)
         runner.byte_limit = self.kv_budget
         self.waiting: collections.deque[Sequence] = collections.deque()
@@ -194,7 +197,7 @@ class EngineCore:
         prefilled = self.prefill_seconds - prefilled
         if plan.decode:
             self._decode(plan.decode)
-            self.step_seconds = _ema(self.step_seconds, time.perf_counter() - t0 - prefilled)
+            self._step_times.append(time.perf_counter() - t0 - prefilled)
         self._retire_finished()
         if not self.running and not self.prefilling and not self.waiting:
             self._release_idle_memory()
@@ -221,10 +224,20 @@ class EngineCore:
         would be alone, whatever the machine and its load; a fixed token count lands anywhere on
         that curve depending on how fast the hardware is right now.
         """
-        if not self.running or self.prefill_ratio <= 0 or not self.step_seconds or not self.prefill_token_seconds:
+        step, per_token = self.step_seconds, self.prefill_token_seconds
+        if not self.running or self.prefill_ratio <= 0 or not step or not per_token:
             return self.chunk_tokens
-        fit = int(self.prefill_ratio * self.step_seconds / self.prefill_token_seconds)
-        return max(MIN_CHUNK, min(self.chunk_tokens, fit))
+        return max(MIN_CHUNK, min(self.chunk_tokens, int(self.prefill_ratio * step / per_token)))
+
+    @property
+    def step_seconds(self) -> float | None:
+        """Median time of the recent decode steps, prefill excluded."""
+        return statistics.median(self._step_times) if self._step_times else None
+
+    @property
+    def prefill_token_seconds(self) -> float | None:
+        """Median prefill time per prompt token over the recent chunks."""
+        return statistics.median(self._token_times) if self._token_times else None
 
     def _preempt_newest(self) -> None:
         candidates = self.running + ([self.prefilling] if self.prefilling else [])
@@ -286,7 +299,7 @@ class EngineCore:
             spent = time.perf_counter() - t0
             self.prefill_seconds += spent
             self.prefill_tokens += end - start
-            self.prefill_token_seconds = _ema(self.prefill_token_seconds, spent / (end - start))
+            self._token_times.append(spent / (end - start))
             budget -= end - start
             seq.cached = end
             if not last:
@@ -498,10 +511,6 @@ class EngineCore:
         if self.runner.capacity > IDLE_CAPACITY or self.runner.rows > 1:
             self.runner.shrink(IDLE_CAPACITY)
             trim_heap()
-
-
-def _ema(avg: float | None, x: float) -> float:
-    return x if avg is None else (1 - EMA) * avg + EMA * x
 
 
 # glibc mallopt parameters (malloc.h)
