@@ -12,6 +12,7 @@ import sqlite3
 import time
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 from tests.servers import ServerThread
@@ -142,3 +143,12 @@ def test_files_left_in_progress_are_resumed_by_the_next_server(tiny_model: Path,
         assert done.status == "completed" and done.file_counts.completed == 4
         hits = _client(b_srv).vector_stores.search(vector_store_id=vs.id, query="restart3 keyword")
         assert hits.data[0].filename == "r3.txt"
+
+
+def test_cancel_refuses_a_body_it_would_ignore(srv: ServerThread) -> None:
+    """The cancel route takes no body: fields sent to it are refused by name, never ignored."""
+    with httpx.Client(base_url=srv.url, timeout=30) as c:
+        r = c.post("/v1/vector_stores/vs_x/file_batches/vsfb_x/cancel", json={"reason": "no"})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "body"
+        r = c.post("/v1/vector_stores/vs_x/file_batches/vsfb_x/cancel", json={})
+        assert r.status_code == 404  # an empty object is no body: the unknown store is what is wrong

@@ -206,6 +206,9 @@ async def retrieve_batch(vs_id: str, batch_id: str, request: Request, response: 
 
 @router.post("/v1/vector_stores/{vs_id}/file_batches/{batch_id}/cancel")
 async def cancel_batch(vs_id: str, batch_id: str, request: Request) -> dict[str, Any]:
+    body = await request.body()  # read (up to the limit) even though it takes none: an oversized one is a 413
+    if body.strip() not in (b"", b"{}", b"null"):
+        raise InvalidRequest("cancelling a file batch takes no request body", param="body")
     return await locked(rag_of(request).cancel_batch, vs_id, batch_id)  # type: ignore[no-any-return]
 
 
