@@ -132,7 +132,7 @@ def main() -> None:
     question = QUESTIONS[0]
     ids, _ = engine.prepare(messages=[{"role": "user", "content": question}])
     # og gets the same intra-op thread count (a genai_config overlay); its spinning is its own
-    raw = None if args.no_og or args.spin else RawOg(path, args.threads)
+    raw = None if args.no_og else RawOg(path, args.threads)
 
     async def run() -> dict[str, Any]:
         await engine.start()

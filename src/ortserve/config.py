@@ -52,9 +52,11 @@ class Settings(BaseSettings):
     graph_optimization_level: Literal["disable", "basic", "extended", "all"] = Field(
         "all", validation_alias=_env("ORTSERVE_GRAPH_OPT_LEVEL"),
         description="ONNX Runtime graph optimization level")
-    thread_spinning: bool = Field(False, validation_alias=_env("ORTSERVE_THREAD_SPINNING"),
-                                  description="Let ONNX Runtime worker threads spin while waiting "
-                                              "(faster on an idle machine, much slower on a busy one)")
+    thread_spinning: bool | Literal["auto"] = Field(
+        "auto", validation_alias=_env("ORTSERVE_THREAD_SPINNING"),
+        description="Let ONNX Runtime worker threads spin while waiting (faster on an idle machine, much "
+                    "slower on a busy one); auto = spin when the 1-minute load average is under half the "
+                    "cores when the model loads (never on Windows, which has no load average)")
     auto_build_gpu: bool = Field(True, validation_alias=_env("ORTSERVE_AUTO_BUILD_GPU"),
                                  description="With device auto on a GPU, build the model's GPU variant "
                                              "when only CPU variants are installed (needs the convert extra)")

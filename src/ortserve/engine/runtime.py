@@ -7,6 +7,7 @@ to load, and remembers why it settled where it did.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -135,8 +136,20 @@ def session_options(settings: Any, model_options: dict[str, Any] | None = None) 
         "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
     }[level]
     so.enable_cpu_mem_arena = bool(getattr(settings, "enable_mem_arena", True))
-    # Spinning worker threads burn the cores other work needs: measured 2x slower decode on a
-    # busy 2-core machine with spinning on, so it is off unless thread_spinning is set.
-    spin = "1" if getattr(settings, "thread_spinning", False) else "0"
+    spin = "1" if spinning_wanted(getattr(settings, "thread_spinning", "auto")) else "0"
     so.add_session_config_entry("session.intra_op.allow_spinning", spin)
     return so
+
+
+def spinning_wanted(setting: bool | str, loadavg: Any = None, cores: int | None = None) -> bool:
+    """Whether ONNX Runtime's worker threads should spin. Spinning saves a thread wake-up per kernel
+    (a step runs ~670 small kernels): +25% single-stream decode on the idle 2-core machine (docs/bench.md),
+    but about 5x slower under load, where spinning threads take the cores the work needs. ``auto`` spins
+    when the machine is idle as the model loads: a quiet server spins, a busy or shared desktop does not."""
+    if setting != "auto":
+        return bool(setting)
+    try:
+        load = (loadavg or os.getloadavg)()[0]
+    except (OSError, AttributeError):  # Windows has no load average: a desktop, so no spinning
+        return False
+    return bool(load < 0.5 * (cores or os.cpu_count() or 1))
