@@ -57,13 +57,7 @@ def test_chunked_prefill_gives_the_same_tokens_and_interleaves_decode(engine, si
     core._decode = spy
     core.chunk_tokens = 64
     try:
-        async def scenario():
-            short = asyncio.ensure_future(engine.generate(prompt=PROMPTS[0], params=SamplingParams(
-                temperature=0, max_tokens=200, ignore_eos=True)))
-            await asyncio.sleep(0.05)
-            long = await engine.generate(prompt=LONG, params=GREEDY)
-            return long, await short
-        long, _ = run(scenario())
+        long = long_beside_a_stream(engine, PROMPTS[0], 200)
         chunked_alone = run(engine.generate(prompt=LONG, params=GREEDY))
     finally:
         core.chunk_tokens = whole
@@ -87,13 +81,7 @@ def test_time_budgeted_prefill_gives_the_same_tokens(engine, singles, ratio) -> 
     core.runner.prefill = spy
     core.prefill_ratio, core.chunk_tokens = ratio, 256
     try:
-        async def scenario():
-            short = asyncio.ensure_future(engine.generate(prompt=PROMPTS[1], params=SamplingParams(
-                temperature=0, max_tokens=300, ignore_eos=True)))
-            await asyncio.sleep(0.05)
-            long = await engine.generate(prompt=LONG, params=GREEDY)
-            return long, await short
-        long, _ = run(scenario())
+        long = long_beside_a_stream(engine, PROMPTS[1], 300)
     finally:
         core.prefill_ratio, core.chunk_tokens = saved
         del core.runner.prefill
@@ -164,3 +152,15 @@ def test_chat_drops_the_oldest_turns_and_tells_the_user(tiny_model: Path, tmp_pa
     assert "outgrew the 200-token context: dropped the 2 oldest messages" in r.stderr
     assert "error:" in r.stderr and "context length" in r.stderr  # one message too long alone: said, not fatal
     assert r.stdout.count(">>> ") == len(turns) + 3  # every prompt came back, up to /exit
+
+
+def long_beside_a_stream(engine, short_prompt: str, short_tokens: int):
+    """LONG, sent while a greedy stream of ``short_tokens`` on ``short_prompt`` is decoding; its result."""
+    async def scenario():
+        short = asyncio.ensure_future(engine.generate(prompt=short_prompt, params=SamplingParams(
+            temperature=0, max_tokens=short_tokens, ignore_eos=True)))
+        await asyncio.sleep(0.05)
+        long = await engine.generate(prompt=LONG, params=GREEDY)
+        await short
+        return long
+    return run(scenario())
