@@ -7,7 +7,15 @@ import os
 import socket
 from pathlib import Path
 
+import httpx
 import pytest
+
+# The suite must pass on a loaded machine (beside a CPU hog, issue 19). httpx's default is 5 s
+# for every phase, which a loopback answer can exceed there; calls that name their own timeout
+# keep it, and a real hang still fails, after a minute. The default object is shared by
+# httpx.get/post/... and Client(), so setting its fields changes every default at once.
+for _phase in ("connect", "read", "write", "pool"):
+    setattr(httpx._config.DEFAULT_TIMEOUT_CONFIG, _phase, 60.0)
 
 
 @pytest.fixture(scope="session")
