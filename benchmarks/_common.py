@@ -111,16 +111,3 @@ class RawOg:
                 "end_to_end_tps": len(prompts) * steps / (t2 - t0), "steps": steps}
 
 
-def wait_healthy(url: str, timeout: float, poll: float = 0.2) -> bool:
-    """Poll ``url``/healthz until it answers 200 (True) or ``timeout`` seconds pass (False)."""
-    import httpx
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                return True
-        except httpx.HTTPError:
-            pass
-        time.sleep(poll)
-    return False

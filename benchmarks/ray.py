@@ -28,7 +28,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from _common import QUESTIONS, emit, machine, median, model_dir, wait_healthy
+from _common import QUESTIONS, emit, machine, median, model_dir
+
+from ortserve.loopback import free_port, wait_healthy
 
 # This file is ray.py: drop its directory from the path so that `import ray` finds Ray.
 HERE = Path(__file__).resolve().parent
@@ -83,12 +85,6 @@ def deploy(path: Path, replicas: int) -> float:
     return round(time.monotonic() - t0, 1)
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def main() -> None:

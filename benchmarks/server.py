@@ -18,10 +18,11 @@ import sys
 import time
 
 import httpx
-from _common import QUESTIONS, emit, machine, median, model_dir, wait_healthy
+from _common import QUESTIONS, emit, machine, median, model_dir
 
 from ortserve.config import load_settings
 from ortserve.engine import AsyncEngine
+from ortserve.loopback import wait_healthy
 from ortserve.types import SamplingParams
 
 

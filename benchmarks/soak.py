@@ -33,7 +33,9 @@ from typing import Any
 
 import httpx
 import psutil
-from _common import QUESTIONS, emit, machine, model_dir, wait_healthy
+from _common import QUESTIONS, emit, machine, model_dir
+
+from ortserve.loopback import wait_healthy
 
 
 class Soak:

@@ -4,7 +4,6 @@ converter (random-weight Llama, 2 layers, hidden 64, the SmolLM2 tokenizer)."""
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 import httpx
@@ -66,7 +65,3 @@ def embedding_model() -> Path:
     return ensure_default_embedding(ModelStore(load_settings().store_dir), subprocess_import=False).path
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])

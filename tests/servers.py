@@ -2,23 +2,16 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from pathlib import Path
 from typing import Any, Self
 
-import httpx
 import uvicorn
 
 from ortserve.config import load_settings
+from ortserve.loopback import free_port, wait_healthy
 from ortserve.server.app import create_app
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class ServerThread:
@@ -53,15 +46,3 @@ class ServerThread:
         return stats
 
 
-def wait_healthy(url: str, timeout: float, proc: Any = None, poll: float = 0.1) -> bool:
-    """Poll ``url``/healthz until it answers 200 (True), ``timeout`` seconds pass or ``proc``
-    (a Popen running the server) exits (False)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and (proc is None or proc.poll() is None):
-        try:
-            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                return True
-        except httpx.HTTPError:
-            pass
-        time.sleep(poll)
-    return False

@@ -19,9 +19,9 @@ import httpx
 import psutil
 import pytest
 import ray
-from tests.conftest import free_port
 
 from ortserve.deploy import ray as ray_deploy
+from ortserve.loopback import free_port
 
 BODY = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "temperature": 0}
 

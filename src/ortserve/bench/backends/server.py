@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -19,12 +18,7 @@ from ortserve.bench.backends.base import Backend, Spec
 from ortserve.bench.backends.onnx import onnx_quality
 from ortserve.bench.measure import Timing, now
 from ortserve.bench.workload import Prompt
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from ortserve.loopback import free_port
 
 
 class ServerBackend(Backend):
