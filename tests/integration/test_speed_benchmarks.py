@@ -47,3 +47,13 @@ def test_vs_llamacpp_without_llamacpp_is_skipped_with_the_way_to_build(tiny_mode
     assert set(out["ratios_ortserve_over_reference"]) == {"engine_vs_og_tg"}
     assert out["tokens_per_second"]["ortserve_parallel2"]["median"] > 0
     assert out["perplexity"]["ortserve"] > 1 and "llamacpp" not in out["perplexity"]
+
+
+def test_mixed_step_graph_is_exact(tiny_model: Path, tmp_path: Path) -> None:
+    """The mixed decode+chunk graph (issue 18's piggy-back measurement) gives the same logits and
+    KV cache as a decode call followed by a chunk call."""
+    out = bench("mixed_step.py", "--model", str(tiny_model), "--rows", "3", "--prompt", "64", "--at", "24",
+                "--chunks", "5,16", "--reps", "1", tmp_path=tmp_path)
+    assert out["exact"] == {"decode_logits_max_diff": 0.0, "chunk_logits_max_diff": 0.0, "kv_max_diff": 0.0}
+    assert [r["chunk"] for r in out["by_chunk"]] == [5, 16]
+    assert all(r["mixed_ms"] > 0 and r["separate_ms"] > 0 for r in out["by_chunk"])
