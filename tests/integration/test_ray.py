@@ -68,12 +68,18 @@ def cluster(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
 
 def test_32_concurrent_requests_through_the_proxy_reach_both_replicas(cluster: str) -> None:
     assert httpx.get(f"{cluster}/healthz", timeout=10).json()["status"] == "ok"
-    with concurrent.futures.ThreadPoolExecutor(32) as pool:
-        answers = list(pool.map(lambda _: httpx.post(f"{cluster}/v1/chat/completions", json=BODY, timeout=120),
-                                range(32)))
-    assert [r.status_code for r in answers] == [200] * 32
-    assert all(r.json()["choices"][0]["message"]["content"] is not None for r in answers)
-    replicas = Counter(r.headers["x-ortserve-replica"] for r in answers)
+    replicas: Counter[str] = Counter()
+    # Ray's router picks replicas by their queue lengths; on a loaded machine one round of 32 can
+    # all land on one replica, so up to three rounds (every answer must be a 200 in each)
+    for _ in range(3):
+        with concurrent.futures.ThreadPoolExecutor(32) as pool:
+            answers = list(pool.map(lambda _: httpx.post(f"{cluster}/v1/chat/completions", json=BODY,
+                                                         timeout=120), range(32)))
+        assert [r.status_code for r in answers] == [200] * 32
+        assert all(r.json()["choices"][0]["message"]["content"] is not None for r in answers)
+        replicas.update(r.headers["x-ortserve-replica"] for r in answers)
+        if len(replicas) == 2:
+            break
     assert len(replicas) == 2, replicas
 
 

@@ -28,9 +28,15 @@ import ray
 from ray import serve
 
 from ortserve.config import load_settings
+from ortserve.loopback import wait_healthy
 
 log = logging.getLogger("ortserve.deploy")
 DEPLOYMENT = "ortserve"
+# Ray Serve gives a new HTTP proxy 5 s to answer its ready check, then kills it; serve.start
+# then fails with ActorDiedError ("killed by ray.kill ... never ran"). On a busy 2-core machine
+# (the suite beside a CPU hog) the proxy took longer. For a local cluster ortserve starts, it
+# allows 60 s for readiness and 30 s per health check; values the user set win.
+PROXY_TIMEOUTS = {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60", "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "30"}
 
 
 @serve.ingress()
@@ -122,18 +128,30 @@ def app_builder(args: dict[str, str]) -> Any:
 
 
 def run(model: str | None, settings: dict[str, Any], *, address: str | None = None, host: str = "127.0.0.1",
-        port: int = 8000, cluster_cpus: int | None = None, **options: Any) -> str:
+        port: int = 8000, cluster_cpus: int | None = None, proxy_wait: float = 300.0, **options: Any) -> str:
     """Start a local Ray cluster (or join the one at ``address``) and serve ortserve on it;
-    returns the proxy's URL."""
+    returns the proxy's URL once it answers /healthz (within ``proxy_wait`` seconds)."""
     if not ray.is_initialized():
+        if address is None:  # the cluster's processes inherit this environment
+            for name, seconds in PROXY_TIMEOUTS.items():
+                os.environ.setdefault(name, seconds)
         # "local": always a new cluster of our own, never one a `ray start` left running here
         kw: dict[str, Any] = {"address": address or "local", "include_dashboard": False, "log_to_driver": False}
         if address is None and cluster_cpus is not None:
             kw["num_cpus"] = cluster_cpus
         ray.init(**kw)
-    serve.start(http_options={"host": host, "port": port})
+    try:
+        serve.start(http_options={"host": host, "port": port})
+    except (TimeoutError, ray.exceptions.RayActorError) as exc:
+        # Serve waits a fixed 60 s for its HTTP proxy; on a busy machine the proxy is slower,
+        # and it goes on starting. serve.run below connects to the same controller.
+        log.warning("Ray Serve's HTTP proxy is slow to start (%s); waiting for it", str(exc).splitlines()[0])
     serve.run(build(model, settings, **options), name="ortserve", route_prefix="/")
-    return f"http://{host}:{port}"
+    url = f"http://{host}:{port}"
+    here = f"http://127.0.0.1:{port}" if host in ("0.0.0.0", "::", "") else url
+    if not wait_healthy(here, proxy_wait):
+        raise RuntimeError(f"Ray Serve's proxy at {url} did not answer /healthz within {proxy_wait:.0f} s")
+    return url
 
 
 def shutdown() -> None:
