@@ -1,7 +1,7 @@
 """The search path of RagStore without a model: a bag-of-words embedder stands in for MiniLM.
 
 What is checked is the index logic (the in-memory chunk -> file map, filters as masks, the
-int8 candidate pass, BM25 without the join, one-query result fetch), not ranking quality.
+binary candidate pass, BM25 without the join, one-query result fetch), not ranking quality.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def _brute(rag: RagStore, vid: str, query: str, keep: Any = lambda a: True) -> l
     return [c for c, _ in sorted(rows, key=lambda x: -x[1])]
 
 
-@pytest.mark.parametrize("numpy_max", [100000, 8])   # the float32 path, then the int8 candidate pass
+@pytest.mark.parametrize("numpy_max", [100000, 8])   # the float32 path, then the binary candidate pass
 def test_dense_and_filtered_search_equal_brute_force(store: tuple[RagStore, str], numpy_max: int,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     rag, vid = store
@@ -93,6 +93,39 @@ def test_dense_and_filtered_search_equal_brute_force(store: tuple[RagStore, str]
     got = rag.search(vid, q, k=5, mode="dense", filters=flt)
     assert got and all(h["attributes"]["topic"] == "granite" for h in got)
     assert [_id_of(rag, vid, h) for h in got] == _brute(rag, vid, q, lambda a: a["topic"] == "granite")[:5]
+
+
+def test_binary_pass_keeps_the_rows_nearest_in_sign_bits_then_ranks_them_exactly() -> None:
+    """The coarse pass keeps exactly the rows whose sign-bit Hamming distance is at most the
+    cand-th smallest (ties included), within a filter's rows; a search returns the float32 order
+    of those candidates. (That the exact top k is among them on real embeddings is
+    tests/integration/test_rag_binary_pass.py and the recall part of benchmarks/embeddings.py.)"""
+    rng = np.random.default_rng(7)
+    v = rng.standard_normal((3000, 100)).astype(np.float32)
+    v /= np.linalg.norm(v, axis=1, keepdims=True)
+    idx = search_mod.DenseIndex(0, np.arange(10, 3010, dtype=np.int64), v)
+    assert idx.bits is not None and idx.bits.shape == (3000, 2)       # 100 bits in two 64-bit words
+    signs = np.hstack([v > 0, np.zeros((3000, 28), bool)])
+    kept = np.flatnonzero(np.arange(3000) % 3 == 1)
+    for qi in (5, 1234):
+        q = v[qi] + 0.03 * rng.standard_normal(100).astype(np.float32)
+        q /= np.linalg.norm(q)
+        ham = (signs != np.hstack([q > 0, np.zeros(28, bool)])).sum(axis=1)
+        for rows in (None, kept):
+            sub = ham if rows is None else ham[rows]
+            want = np.flatnonzero(sub <= np.sort(sub)[299])
+            cand = idx.coarse(q, 300, rows)
+            assert np.array_equal(np.sort(cand), want if rows is None else rows[want])
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(search_mod, "NUMPY_MAX_ROWS", 100)
+                mp.setattr(search_mod, "COARSE_MIN", 300)
+                mp.setattr(search_mod, "COARSE_PER_RESULT", 0)
+                mp.setattr(search_mod, "COARSE_SHARE", 0.0)
+                hits = idx.search(q, 10, rows)
+            assert [c - 10 for c, _ in hits] == cand[np.argsort(-(v[cand] @ q))[:10]].tolist()
+            assert int(hits[0][0]) - 10 == qi or rows is not None      # the query's own row wins
+            assert rows is None or all(c - 10 in set(kept.tolist()) for c, _ in hits)
+        assert [c - 10 for c, _ in idx.search(q, 10)] == np.argsort(-(v @ q))[:10].tolist()   # exact path
 
 
 def _id_of(rag: RagStore, vid: str, hit: dict[str, Any]) -> int:
@@ -171,5 +204,5 @@ def test_index_is_refreshed_not_reloaded_and_chunk_ids_are_never_reused(store: t
     truth = con.execute("SELECT id, vector FROM chunks ORDER BY id").fetchall()
     assert idx.ids.tolist() == [r[0] for r in truth]
     assert np.array_equal(idx.vectors, np.stack([np.frombuffer(r[1], np.float32) for r in truth]))
-    assert np.array_equal(idx.quantized, search_mod.quantize(idx.vectors))
+    assert idx.bits is not None and np.array_equal(idx.bits, search_mod.binarize(idx.vectors))
     assert idx.file_of(ids) == [fid] * len(ids) and newest[0] not in idx.attrs

@@ -39,10 +39,10 @@ from ortserve.rag.search import (
     DENSE_WEIGHT,
     MODES,
     DenseIndex,
+    binarize,
     check_filter,
     fts_query,
     matches,
-    quantize,
     rrf,
 )
 
@@ -499,7 +499,7 @@ def _load_index(con: sqlite3.Connection, generation: int, dim: int) -> DenseInde
     # in buffers with headroom, so that the refreshes after a file is added append without a copy
     return DenseIndex(generation, _append(np.zeros(0, np.int64), ids), _append(np.zeros((0, dim), np.float32), vecs),
                       _append(np.zeros(0, np.int32), codes), list(files), attrs,
-                      _append(np.zeros((0, dim), np.int8), quantize(vecs)))
+                      _append(np.zeros((0, -(-dim // 64)), np.uint64), binarize(vecs)))
 
 
 def _refresh_index(con: sqlite3.Connection, old: DenseIndex, generation: int) -> DenseIndex:
@@ -513,11 +513,11 @@ def _refresh_index(con: sqlite3.Connection, old: DenseIndex, generation: int) ->
     last = int(old.ids[-1]) if len(old.ids) else 0
     still = {r[0] for r in con.execute("SELECT DISTINCT file_id FROM chunks WHERE id <= ?", (last,))}
     gone = [i for i, f in enumerate(old.files) if f not in still]
-    ids, vectors, codes, q8 = old.ids, old.vectors, old.file_codes, old._q8
+    ids, vectors, codes, bits = old.ids, old.vectors, old.file_codes, old._bits
     if gone:
         keep = ~np.isin(codes, gone)
         if not keep.all():
-            ids, vectors, codes, q8 = ids[keep], vectors[keep], codes[keep], q8[keep]
+            ids, vectors, codes, bits = ids[keep], vectors[keep], codes[keep], bits[keep]
     rows = con.execute("SELECT id, file_id, vector FROM chunks WHERE id > ? ORDER BY id", (last,)).fetchall()
     files = {f: i for i, f in enumerate(old.files)}
     new_codes = np.fromiter((files.setdefault(r[1], len(files)) for r in rows), dtype=np.int32, count=len(rows))
@@ -529,7 +529,7 @@ def _refresh_index(con: sqlite3.Connection, old: DenseIndex, generation: int) ->
              for r in con.execute("SELECT file_id, attributes FROM vs_files")}
     return DenseIndex(generation, _append(ids, np.fromiter((r[0] for r in rows), np.int64, len(rows))),
                       _append(vectors, vecs), _append(codes, new_codes), list(files), attrs,
-                      _append(q8, quantize(vecs)))
+                      _append(bits, binarize(vecs)))
 
 
 def _append(arr: np.ndarray, extra: np.ndarray) -> np.ndarray:

@@ -14,20 +14,30 @@ MODES = ("hybrid", "dense", "bm25")
 _OPS = {"eq", "ne", "gt", "gte", "lt", "lte", "in", "nin"}
 
 
-NUMPY_MAX_ROWS = 32768   # below this a float32 matrix-vector product beats usearch's thread start-up
+NUMPY_MAX_ROWS = 32768   # up to this many rows one exact float32 pass (0.8 ms at 10k); above, binary first
+# Above NUMPY_MAX_ROWS the dense pass is two-stage: Hamming distance between sign bits (48 bytes a
+# vector for MiniLM's 384 dimensions) keeps the closest rows, then float32 re-scores them. How many
+# candidates, measured on 100k real MiniLM embeddings against the exact float32 ranking
+# (benchmarks/embeddings.py, recall part; docs/rag.md): 1000 gave recall@10 0.9993 and recall@40
+# 0.989, 2000 gave 1.000 and 0.996 for +0.9 ms. So: COARSE_PER_RESULT per result asked for (the
+# hybrid pool is 40, so 2000), at least COARSE_MIN, and at least a COARSE_SHARE of the rows, so that
+# a store much larger than the measured one keeps as large a share of its rows.
+COARSE_MIN = 1000
+COARSE_PER_RESULT = 50
+COARSE_SHARE = 0.02
 
 
 @dataclass
 class DenseIndex:
     """What one vector store searches, kept in memory per generation: vectors, and per row its file.
 
-    Dense scoring: up to NUMPY_MAX_ROWS rows one float32 matrix-vector product (0.8 ms at 10k);
-    above, usearch's exact int8 SIMD pass picks candidates and float32 re-scores them, so the
-    order is the float32 cosine order. Chosen by measurement (docs/rag.md): numpy float32 alone
-    is ~2.5x slower at 100k chunks; an HNSW graph is faster to query but takes minutes to build
-    on 2 cores, and on random vectors its recall@10 was 0.7. The file of each row and the file
-    attributes live here too, so that a filter is a numpy mask, not SQL, and a search reads no
-    per-file JSON.
+    Dense scoring: up to NUMPY_MAX_ROWS rows one float32 matrix-vector product; above, a binary
+    (sign-bit Hamming) pass keeps the closest candidates and float32 re-scores them, so the
+    order returned is the float32 cosine order of those candidates. Chosen by measurement
+    (docs/rag.md): at 100k chunks the binary pass reads 4.8 MB instead of the 38 MB of an exact
+    int8 pass (usearch, 9.4 ms quiet) and costs about 1-2 ms with the re-score. The file of each
+    row and the file attributes live here too, so that a filter is a numpy mask, not SQL, and a
+    search reads no per-file JSON.
     """
 
     generation: int
@@ -36,16 +46,17 @@ class DenseIndex:
     file_codes: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))  # row -> index in files
     files: list[str] = field(default_factory=list)
     attrs: dict[str, dict[str, Any]] = field(default_factory=dict)   # file id -> attributes
-    quantized: np.ndarray | None = None   # int8 copy of vectors (computed when not given)
+    bits: np.ndarray | None = None      # (n, words) uint64 sign bits of vectors (computed when not given)
+    _columns: np.ndarray | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
-        if self.quantized is None:
-            self.quantized = quantize(self.vectors)
+        if self.bits is None:
+            self.bits = binarize(self.vectors)
 
     @property
-    def _q8(self) -> np.ndarray:
-        assert self.quantized is not None
-        return self.quantized
+    def _bits(self) -> np.ndarray:
+        assert self.bits is not None
+        return self.bits
 
     def rows_of(self, allowed: set[str]) -> np.ndarray:
         """Row numbers of the chunks of ``allowed`` files."""
@@ -66,20 +77,37 @@ class DenseIndex:
         n = len(self.ids) if rows is None else len(rows)
         if n == 0 or k <= 0:
             return []
-        if rows is not None and n > NUMPY_MAX_ROWS:
-            # a broad filter: the int8 pass over the subset (its copy costs less than float32 scoring)
-            cand = rows[_int8_top(self._q8[rows], q, min(n, max(4 * k, 64)))]
-        elif rows is not None:
-            scores = _dot(self.vectors[rows], q)
-            cand = rows[np.argpartition(-scores, min(k, n) - 1)[:k]] if n > k else rows
-        elif n <= NUMPY_MAX_ROWS:
-            scores = _dot(self.vectors, q)
-            cand = np.argpartition(-scores, min(k, n) - 1)[:k] if n > k else np.arange(n)
+        if n > NUMPY_MAX_ROWS:
+            cand = self.coarse(q, max(COARSE_MIN, COARSE_PER_RESULT * k, int(COARSE_SHARE * n)), rows)
+            exact = _dot(self.vectors[cand], q)
+        elif rows is None:     # every row: no gathered copy of the matrix
+            cand, exact = np.arange(n), _dot(self.vectors, q)
         else:
-            cand = _int8_top(self._q8, q, min(n, max(4 * k, 64)))
-        exact = _dot(self.vectors[cand], q)
-        order = np.argsort(-exact)[:k]
+            cand, exact = rows, _dot(self.vectors[rows], q)
+        if len(cand) > k:
+            top = np.argpartition(-exact, k - 1)[:k]
+            cand, exact = cand[top], exact[top]
+        order = np.argsort(-exact, kind="stable")
         return [(int(self.ids[cand[i]]), float(exact[i])) for i in order]
+
+    def coarse(self, q: np.ndarray, cand: int, rows: np.ndarray | None = None) -> np.ndarray:
+        """Row numbers of at least ``cand`` rows closest to ``q`` by sign-bit Hamming distance
+        (every row tied with the last one kept too), among ``rows`` when given."""
+        cols = self._columns
+        if cols is None or cols.shape[1] != len(self.ids):   # one (words, n) copy per generation
+            cols = self._columns = np.ascontiguousarray(self._bits.T)
+        qb = binarize(q[None, :])[0]
+        dist = np.bitwise_count(cols[0] ^ qb[0]).astype(np.uint16)
+        for w in range(1, len(qb)):          # word by word: contiguous 800 KB passes at 100k rows
+            dist += np.bitwise_count(cols[w] ^ qb[w])
+        if rows is not None:
+            dist = dist[rows]
+        if cand >= len(dist):
+            return np.arange(len(dist)) if rows is None else rows
+        # the distance of the cand-th closest, from a histogram (cheaper than argpartition)
+        limit = int(np.searchsorted(np.cumsum(np.bincount(dist)), cand))
+        keep = np.flatnonzero(dist <= limit)
+        return keep if rows is None else rows[keep]
 
 
 def _dot(m: np.ndarray, q: np.ndarray) -> np.ndarray:
@@ -89,18 +117,13 @@ def _dot(m: np.ndarray, q: np.ndarray) -> np.ndarray:
     return np.einsum("ij,j->i", m, q)
 
 
-def quantize(vectors: np.ndarray) -> np.ndarray:
-    return np.clip(np.round(vectors * 127), -127, 127).astype(np.int8)
-
-
-def _int8_top(quantized: np.ndarray, q: np.ndarray, cand: int) -> np.ndarray:
-    """Row numbers of the ``cand`` best inner products in int8 (usearch's exact search, all cores)."""
-    from usearch.index import MetricKind
-    from usearch.index import search as exact_search
-
-    qi = np.clip(np.round(q * 127), -127, 127).astype(np.int8)
-    m = exact_search(quantized, qi, cand, MetricKind.IP, exact=True, threads=0)
-    return np.asarray(m.keys, dtype=np.int64)
+def binarize(vectors: np.ndarray) -> np.ndarray:
+    """(n, d) float -> (n, ceil(d/64)) uint64: bit j of a row is set where dimension j is > 0."""
+    packed = np.packbits(vectors > 0, axis=1)
+    pad = -packed.shape[1] % 8
+    if pad:
+        packed = np.pad(packed, ((0, 0), (0, pad)))
+    return np.ascontiguousarray(packed).view(np.uint64)
 
 
 # English function words left out of the BM25 query: in an OR-query each one matches most
