@@ -38,13 +38,15 @@ def test_binary_pass_gives_the_exact_top_10_on_real_embeddings(embedding_model: 
     monkeypatch.setattr(search_mod, "COARSE_PER_RESULT", 0)
     monkeypatch.setattr(search_mod, "COARSE_SHARE", 0.4)
     monkeypatch.setattr(search_mod, "COARSE_MIN", 1)
-    same = same_filtered = 0
+    found = found_filtered = 0.0
     for q in qv:
-        got = [c for c, _ in idx.search(q, 10)]
-        assert len(got) == 10
-        same += got == np.argsort(-(v @ q))[:10].tolist()
-        got = [c for c, _ in idx.search(q, 10, kept)]
-        assert set(got) <= set(kept.tolist())
-        same_filtered += got == kept[np.argsort(-(v[kept] @ q))[:10]].tolist()
-    assert same == len(qv)
-    assert same_filtered >= 0.95 * len(qv)
+        hits = idx.search(q, 10)
+        scores = [s for _, s in hits]
+        assert len(hits) == 10 and scores == sorted(scores, reverse=True)
+        # as sets: float32 sums over a gathered block may round a near-tie the other way
+        found += {c for c, _ in hits} == set(np.argsort(-(v @ q))[:10].tolist())
+        got = {c for c, _ in idx.search(q, 10, kept)}
+        assert got <= set(kept.tolist())
+        found_filtered += len(got & set(kept[np.argsort(-(v[kept] @ q))[:10]].tolist())) / 10
+    assert found == len(qv)                          # every question: the exact top 10
+    assert found_filtered / len(qv) >= 0.99          # measured 0.995 (4 questions miss one hit)
