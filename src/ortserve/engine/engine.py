@@ -60,7 +60,8 @@ class LoadedModel:
             try:
                 runner = Runner(self.spec, slots=slots, providers=[choice.provider], session_options=so,
                                 kv_placement=str(getattr(settings, "kv_placement", "auto")),
-                                last_logits_only=bool(getattr(settings, "last_logits_only", True)))
+                                last_logits_only=bool(getattr(settings, "last_logits_only", True)),
+                                huge_pages=bool(getattr(settings, "huge_pages", True)))
             except ModelError as exc:
                 if i == len(options) - 1 and not errors:
                     raise  # nothing to fall back to: the error as it is

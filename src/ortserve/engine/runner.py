@@ -20,6 +20,7 @@ import numpy as np
 
 from ortserve.engine.graph import last_position_logits
 from ortserve.engine.kvcache import DeviceKV, HostKV, device_of
+from ortserve.engine.runtime import anon_mappings, use_huge_pages
 from ortserve.errors import ModelError
 
 _NP = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
@@ -73,9 +74,10 @@ class Runner:
 
     def __init__(self, spec: ModelSpec, *, slots: int = 16, capacity: int = 256,
                  providers: list[Any] | None = None, session_options: Any = None,
-                 kv_placement: str = "auto", last_logits_only: bool = True) -> None:
+                 kv_placement: str = "auto", last_logits_only: bool = True, huge_pages: bool = True) -> None:
         """``kv_placement``: ``host`` (numpy), ``device`` (OrtValues on the provider's device) or
-        ``auto`` (host for the CPU provider, device for the others)."""
+        ``auto`` (host for the CPU provider, device for the others). ``huge_pages``: put the CPU
+        provider's prepacked weights in transparent huge pages (engine/runtime.py ``use_huge_pages``)."""
         import onnxruntime as ort
 
         self.spec = spec
@@ -91,11 +93,15 @@ class Runner:
             session_options.add_session_config_entry("session.model_external_initializers_file_folder_path",
                                                      str(spec.onnx_path.parent))
         self.last_logits_only = edited is not None
+        huge_pages = huge_pages and device_of(providers[0]) == "cpu"
+        before = anon_mappings() if huge_pages else set()
         try:
             self.session = ort.InferenceSession(model, session_options, providers=providers)
         except Exception as exc:  # onnxruntime raises its own exception types
             raise ModelError(f"cannot load {spec.onnx_path}: {str(exc).splitlines()[0]}",
                              hint="the model file may be corrupt; `ortserve models verify` checks it") from exc
+        # the weights were just prepacked into fresh 4 KB pages: a decode step reads them all
+        self.huge_page_bytes = use_huge_pages(before) if huge_pages else 0
         inputs = {i.name: i for i in self.session.get_inputs()}
         if "input_ids" not in inputs or "past_key_values.0.key" not in inputs:
             raise ModelError(f"{spec.onnx_path} is not a decoder with a KV cache (inputs: {list(inputs)})")
