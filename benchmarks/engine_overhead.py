@@ -1,7 +1,7 @@
 """Where one greedy stream's time goes: session.run versus each engine phase (prints JSON).
 
     .venv/bin/python benchmarks/engine_overhead.py [--model ID_OR_DIR] [--gen 128] [--reps 5]
-                                                   [--threads 0] [--spin] [--no-og]
+                                                   [--threads 0] [--spin] [--no-og] [--og-first]
 
 Three decoders run on the same model, prompt and session options, alternating rep by rep
 so a change in machine load does not tilt the ratios:
@@ -125,14 +125,19 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="intra-op threads (0: all cores)")
     ap.add_argument("--spin", action="store_true", help="let ONNX Runtime threads spin")
     ap.add_argument("--no-og", action="store_true", help="skip raw og.Generator")
+    ap.add_argument("--og-first", action="store_true", help="load og's session before the engine's")
     args = ap.parse_args()
     path, mid = model_dir(args.model)
     settings = load_settings(max_batch=1, intra_op_threads=args.threads, thread_spinning=args.spin)
+    # og gets the same intra-op thread count (a genai_config overlay); its spinning is its own.
+    # Load order matters: of two sessions in one process, the one created first decoded ~10%
+    # slower in issue 22's runs (docs/bench.md), so --og-first swaps the order to show it.
+    raw = RawOg(path, args.threads) if args.og_first and not args.no_og else None
     engine = AsyncEngine.load(path, settings)
     question = QUESTIONS[0]
     ids, _ = engine.prepare(messages=[{"role": "user", "content": question}])
-    # og gets the same intra-op thread count (a genai_config overlay); its spinning is its own
-    raw = None if args.no_og else RawOg(path, args.threads)
+    if raw is None and not args.no_og:
+        raw = RawOg(path, args.threads)
 
     async def run() -> dict[str, Any]:
         await engine.start()
@@ -168,7 +173,8 @@ def main() -> None:
 
     result = {"benchmark": "engine_overhead", "model": mid, "model_dir": str(path), "machine": machine(),
               "gen_tokens": args.gen, "reps": args.reps, "prompt_tokens": len(ids),
-              "threads": args.threads or os.cpu_count(), "spinning": args.spin}
+              "threads": args.threads or os.cpu_count(), "spinning": args.spin,
+              "huge_page_mb": engine.model.runner.huge_page_bytes >> 20, "og_loaded_first": args.og_first}
     result.update(asyncio.run(run()))
     result["loadavg_at_end"] = os.getloadavg()
     emit(result)

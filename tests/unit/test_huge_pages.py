@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ortserve.engine.runtime import anon_mappings, huge_page_bytes, use_huge_pages
+from ortserve.engine.runtime import anon_mappings, huge_page_bytes, new_ranges, use_huge_pages
 
 MAPS = """\
 55d0c0a00000-55d0c0a21000 r--p 00000000 08:01 1234  /usr/bin/python3.11
@@ -25,6 +25,14 @@ MAPS = """\
 
 def test_anon_mappings_keeps_private_anonymous_rw_regions_and_the_heap_only() -> None:
     assert anon_mappings(MAPS) == {(0x55d0c1e00000, 0x55d0c2400000), (0x7f0000000000, 0x7f0008000000)}
+
+
+def test_new_ranges_leave_out_what_was_mapped_before_even_inside_a_merged_mapping() -> None:
+    before = {(100, 200), (300, 400), (1000, 1100)}
+    # (100, 200) grew on both sides (a merge); (300, 400) split the new one; (500, 600) is new
+    after = {(50, 250), (250, 450), (500, 600), (1000, 1100)}
+    assert new_ranges(before, after) == [(50, 100), (200, 250), (250, 300), (400, 450), (500, 600)]
+    assert new_ranges(before, before) == []
 
 
 def _thp_mode() -> str:

@@ -217,10 +217,29 @@ def use_huge_pages(before: set[tuple[int, int]], min_bytes: int = 4 << 20) -> in
     madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     madvise.restype = ctypes.c_int
     advised = 0
-    for start, end in sorted(anon_mappings() - before):
+    for start, end in new_ranges(before, anon_mappings()):
         if end - start < min_bytes:
             continue
         if madvise(start, end - start, _MADV_HUGEPAGE) == 0:
             advised += end - start
             madvise(start, end - start, _MADV_COLLAPSE)  # best effort: older kernels say EINVAL
     return advised
+
+
+def new_ranges(before: set[tuple[int, int]], after: set[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The address ranges of ``after`` that no mapping of ``before`` covered. The kernel merges
+    adjacent anonymous mappings, so a new one may have grown an old one (another session's
+    weights): only the new part is returned."""
+    old = sorted(before)
+    out = []
+    for start, end in sorted(after):
+        pos = start
+        for a, b in old:
+            if b <= pos or a >= end:
+                continue
+            if a > pos:
+                out.append((pos, a))
+            pos = max(pos, b)
+        if pos < end:
+            out.append((pos, end))
+    return out
