@@ -10,14 +10,7 @@ import numpy as np
 import pytest
 
 from ortserve.engine.runner import ModelSpec, Runner
-
-
-def _thp_on() -> bool:
-    try:
-        mode = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text(encoding="ascii")
-    except OSError:
-        return False
-    return "[never]" not in mode
+from ortserve.engine.runtime import thp_enabled
 
 
 def _greedy(runner: Runner, ids: list[int], n: int) -> list[int]:
@@ -30,7 +23,7 @@ def _greedy(runner: Runner, ids: list[int], n: int) -> list[int]:
     return out
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux") or not _thp_on(), reason="no transparent huge pages here")
+@pytest.mark.skipif(not sys.platform.startswith("linux") or not thp_enabled(), reason="no transparent huge pages here")
 def test_default_model_weights_in_huge_pages_give_the_same_greedy_tokens(default_model: Path) -> None:
     spec = ModelSpec.read(default_model)
     plain = Runner(spec, slots=1, huge_pages=False)

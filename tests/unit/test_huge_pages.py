@@ -6,11 +6,10 @@ from __future__ import annotations
 import ctypes
 import platform
 import sys
-from pathlib import Path
 
 import pytest
 
-from ortserve.engine.runtime import anon_mappings, huge_page_bytes, new_ranges, use_huge_pages
+from ortserve.engine.runtime import anon_mappings, huge_page_bytes, new_ranges, thp_enabled, use_huge_pages
 
 MAPS = """\
 55d0c0a00000-55d0c0a21000 r--p 00000000 08:01 1234  /usr/bin/python3.11
@@ -35,13 +34,6 @@ def test_new_ranges_leave_out_what_was_mapped_before_even_inside_a_merged_mappin
     assert new_ranges(before, before) == []
 
 
-def _thp_mode() -> str:
-    try:
-        return Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text(encoding="ascii")
-    except OSError:
-        return ""
-
-
 def _kernel_at_least(major: int, minor: int) -> bool:
     try:
         got = tuple(int(x) for x in platform.release().split("-")[0].split(".")[:2])
@@ -50,7 +42,7 @@ def _kernel_at_least(major: int, minor: int) -> bool:
     return got >= (major, minor)
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux") or not _thp_mode() or "[never]" in _thp_mode(),
+@pytest.mark.skipif(not sys.platform.startswith("linux") or not thp_enabled(),
                     reason="transparent huge pages are a Linux feature, and off here")
 def test_a_new_large_private_mapping_is_advised_and_collapsed_into_huge_pages() -> None:
     libc = ctypes.CDLL(None, use_errno=True)

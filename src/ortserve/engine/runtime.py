@@ -162,6 +162,15 @@ _MADV_COLLAPSE = 25  # Linux 6.1+: make huge pages of what is already there, now
 _THP_ENABLED = "/sys/kernel/mm/transparent_hugepage/enabled"
 
 
+def thp_enabled() -> bool:
+    """Whether this kernel offers transparent huge pages (mode ``always`` or ``madvise``)."""
+    try:
+        mode = Path(_THP_ENABLED).read_text(encoding="ascii")
+    except OSError:  # not Linux, or no THP support
+        return False
+    return bool(mode) and "[never]" not in mode
+
+
 def anon_mappings(maps: str | None = None) -> set[tuple[int, int]]:
     """This process's private anonymous read-write mappings (``/proc/self/maps``) as (start, end);
     empty where there is no such file (not Linux)."""
@@ -202,10 +211,7 @@ def use_huge_pages(before: set[tuple[int, int]], min_bytes: int = 4 << 20) -> in
     ``MADV_HUGEPAGE`` marks them, ``MADV_COLLAPSE`` (Linux 6.1+) converts the pages already
     there. Returns the bytes advised (0: not Linux, THP off, or nothing new).
     """
-    try:
-        if "[never]" in Path(_THP_ENABLED).read_text(encoding="ascii"):
-            return 0
-    except OSError:
+    if not thp_enabled():
         return 0
     import ctypes
 
