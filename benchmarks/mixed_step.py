@@ -30,11 +30,9 @@ from typing import Any
 import numpy as np
 from _common import emit, machine, median, model_dir
 
+from ortserve.engine.graph import lm_head
 from ortserve.engine.runner import ModelSpec, Runner
 from ortserve.engine.runtime import anon_mappings, use_huge_pages
-
-_HEADS = {"MatMul", "MatMulNBits", "Gemm"}
-_PASS = {"Cast", "Identity"}
 
 
 def mixed_step_graph(onnx_path: Path) -> bytes:
@@ -55,11 +53,8 @@ def mixed_step_graph(onnx_path: Path) -> bytes:
     graph = model.graph
     inputs = {i.name: i for i in graph.input}
     gqa = [n for n in graph.node if n.op_type == "GroupQueryAttention"]
-    producer = {out: node for node in graph.node for out in node.output}
-    head = producer.get("logits")
-    while head is not None and head.op_type in _PASS:
-        head = producer.get(head.input[0])
-    if (not gqa or "position_ids" in inputs or head is None or head.op_type not in _HEADS
+    head = lm_head(graph)
+    if (not gqa or "position_ids" in inputs or head is None
             or any(n.input[1] or n.input[2] or n.input[5:7] != gqa[0].input[5:7] for n in gqa)):
         raise SystemExit(f"{onnx_path}: not the builder's packed-QKV GroupQueryAttention layout")
 

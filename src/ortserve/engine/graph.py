@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger("ortserve.engine")
 
@@ -33,11 +34,8 @@ def last_position_logits(onnx_path: Path) -> bytes | None:
     except Exception:  # noqa: BLE001 - a corrupt file: ONNX Runtime's load reports it as a ModelError
         return None
     graph = model.graph
-    producer = {out: node for node in graph.node for out in node.output}
-    node = producer.get("logits")
-    while node is not None and node.op_type in _PASS:
-        node = producer.get(node.input[0])
-    if node is None or node.op_type not in _HEADS:
+    node = lm_head(graph)
+    if node is None:
         log.warning("no LM head found before 'logits' in %s: prefill keeps all positions", onnx_path)
         return None
     hidden = node.input[0]
@@ -58,3 +56,13 @@ def last_position_logits(onnx_path: Path) -> bytes | None:
             dim.Clear()
             dim.dim_value = 1
     return bytes(model.SerializeToString())
+
+
+def lm_head(graph: Any) -> Any:
+    """The MatMul/MatMulNBits/Gemm node that produces ``logits`` (through any Cast/Identity),
+    or None when the graph has no recognizable LM head."""
+    producer = {out: node for node in graph.node for out in node.output}
+    node = producer.get("logits")
+    while node is not None and node.op_type in _PASS:
+        node = producer.get(node.input[0])
+    return node if node is not None and node.op_type in _HEADS else None
