@@ -25,6 +25,7 @@ import resource
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from _common import QUESTIONS, emit, machine, model_dir, pct
@@ -149,6 +150,42 @@ def peak_rss(args: argparse.Namespace, chunk: int, full_logits: bool) -> dict[st
     return json.loads(out.strip().splitlines()[-1])
 
 
+def plot(result: dict[str, Any], path: Path) -> None:
+    """The trade-off as a picture: each configuration's stream slowdown against the long prompt's."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.add_patch(plt.Rectangle((0.9, 0.9), 1.5 - 0.9, 3 - 0.9, color="tab:green", alpha=0.15,
+                               label="goal: streams <= 3x, TTFT <= 1.5x"))
+    # with zero cost per model call: TPOT x = 1 + c/T_d and TTFT x = 1 + T_d/c, so x_ttft = 1 + 1/(x_tpot - 1)
+    xs = [1.02 + i * 0.01 for i in range(400)]
+    ax.plot(xs, [1 + 1 / (x - 1) for x in xs], color="grey", linestyle="--", linewidth=1,
+            label="best any chunking can do with zero cost per call")
+    for i, row in enumerate(result["chunks"]):
+        x = row["ttft_during_over_idle"]
+        y = row["tpot_during_ms"]["p50"] / row["tpot_before_ms"]["p50"]
+        budget = row["prefill_ratio"] > 0
+        name = f"prefill_ratio {row['prefill_ratio']:g}" if budget else f"fixed {row['chunk']}-token chunks"
+        ax.scatter([x], [y], color="tab:blue" if budget else "tab:orange", s=40, zorder=3)
+        ax.annotate(name, (x, y), textcoords="offset points", xytext=(6, 4 if i % 2 else -11), fontsize=8)
+    ax.set_yscale("log")
+    ax.set_ylim(0.9, 1.3 * max(r["tpot_during_ms"]["p50"] / r["tpot_before_ms"]["p50"] for r in result["chunks"]))
+    ax.set_xlim(0.9, max(3.0, max(r["ttft_during_over_idle"] for r in result["chunks"]) + 0.3))
+    ax.set_xlabel("long prompt's TTFT, during / idle")
+    ax.set_ylabel("streams' p50 TPOT, during / before (log)")
+    when = result["machine"]["time"]
+    ax.set_title(f"A {result['long_prompt_tokens']}-token prompt among {result['streams']} decoding streams "
+                 f"({result['model']}, {when})", fontsize=9)
+    ax.legend(loc="upper right", fontsize=8)
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None)
@@ -158,12 +195,20 @@ def main() -> None:
     ap.add_argument("--ratios", default="1,2,3", help="prefill_ratio values (chunks capped at 512)")
     ap.add_argument("--rss-prompt", type=int, default=8000)
     ap.add_argument("--skip-rss", action="store_true")
+    ap.add_argument("--plot", type=Path, default=None, help="also draw the trade-off to this PNG")
+    ap.add_argument("--replot", type=Path, default=None, metavar="JSON",
+                    help="only draw --plot from an earlier run's JSON (no benchmark)")
     ap.add_argument("--rss-child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--child-chunk", type=int, default=512, help=argparse.SUPPRESS)
     ap.add_argument("--full-logits", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.rss_child:
         rss_child(args)
+        return
+    if args.replot:
+        if args.plot is None:
+            ap.error("--replot needs --plot PNG")
+        plot(json.loads(args.replot.read_text(encoding="utf-8")), args.plot)
         return
     result: dict[str, Any] = {"benchmark": "long_prompt", "machine": machine()}
     if not args.skip_rss:
@@ -180,6 +225,8 @@ def main() -> None:
     result["chunks"] = asyncio.run(tradeoff(engine, prompt, configs, args.streams))
     engine.core.stop()
     result["loadavg_at_end"] = os.getloadavg()
+    if args.plot:
+        plot(result, args.plot)
     emit(result)
 
 
