@@ -24,7 +24,7 @@ from typing import Any
 
 from _common import emit, machine, median, model_dir
 from engine_overhead import Phases
-from vs_llamacpp import engine_parallel, heldout_text
+from vs_llamacpp import engine_parallel, heldout_text, parallel_prompts
 
 import ortserve.engine.core as core_mod
 from ortserve.config import load_settings
@@ -45,8 +45,7 @@ def main() -> None:
     n = args.streams
     engine = AsyncEngine.load(path, load_settings(max_batch=n, intra_op_threads=args.threads,
                                                   thread_spinning=args.spin))
-    ids = engine.codec.encode(heldout_text(), add_special_tokens=False)
-    prompts = [engine.codec.decode(ids[(37 * i) % (len(ids) - 128):][:128]) for i in range(n)]
+    prompts = parallel_prompts(engine, engine.codec.encode(heldout_text(), add_special_tokens=False), n)
     result: dict[str, Any] = {"benchmark": "batch_phases", "model": mid, "machine": machine(), "streams": n,
                               "gen": args.gen, "reps": args.reps, "threads": args.threads, "spinning": args.spin}
 

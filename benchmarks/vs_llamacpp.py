@@ -109,6 +109,12 @@ async def engine_stream(engine: AsyncEngine, ids: list[int], gen: int) -> float:
     return out.metrics.output_tokens_per_second
 
 
+def parallel_prompts(engine: AsyncEngine, ids: list[int], n: int) -> list[str]:
+    """``n`` prompts for the parallel runs: 128-token slices of the held-out text's ``ids``, each
+    starting 37 tokens after the last (wrapping), so no two streams share a prefix."""
+    return [engine.codec.decode(ids[(37 * i) % (len(ids) - 128):][:128]) for i in range(n)]
+
+
 async def engine_parallel(engine: AsyncEngine, prompts: list[str], gen: int) -> float:
     """Aggregate decode tokens/s of ``len(prompts)`` concurrent requests: tokens after each
     one's first, over the time from the last first token to the last token."""
@@ -172,7 +178,7 @@ def main() -> None:
     ids = engine.codec.encode(text, add_special_tokens=False)
     short = ids[:16]
     long = (ids * (args.prompt // len(ids) + 1))[: args.prompt]
-    prompts = [engine.codec.decode(ids[(37 * i) % (len(ids) - 128):][:128]) for i in range(max(parallel))]
+    prompts = parallel_prompts(engine, ids, max(parallel))
     raw = RawOg(path, args.threads)
 
     runs: dict[str, list[float]] = {}
