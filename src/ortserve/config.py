@@ -64,7 +64,7 @@ class Settings(BaseSettings):
                                    description="ONNX Runtime CPU memory arena")
     huge_pages: bool = Field(True, validation_alias=_env("ORTSERVE_HUGE_PAGES"),
                              description="Put a CPU model's prepacked weights in transparent huge pages (Linux; "
-                                         "~12% faster decode steps, docs/bench.md)")
+                                         "13-17% faster decode steps on a quiet 2-core machine, docs/bench.md)")
     prefill_chunk: int = Field(512, ge=16, validation_alias=_env("ORTSERVE_PREFILL_CHUNK"),
                                description="Prompt tokens prefilled per engine step; longer prompts are "
                                            "prefilled in chunks between decode steps")
