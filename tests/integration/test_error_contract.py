@@ -177,7 +177,7 @@ def test_a_queued_stream_gets_pings_and_clients_still_parse_it(tiny_model: Path)
 
     with ServerThread(tiny_model, max_batch=1, sse_ping_seconds=0.05, max_tokens_cap=512) as s:
         long = threading.Thread(target=httpx.post, args=(f"{s.url}/v1/chat/completions",), kwargs={
-            "json": {"messages": MSG, "max_tokens": 300, "min_tokens": 300}, "timeout": 120})
+            "json": {"messages": MSG, "max_tokens": 500, "min_tokens": 500}, "timeout": 120})
         long.start()
         while s.state.engine.stats().running == 0:  # event: the batch slot is taken
             time.sleep(0.01)

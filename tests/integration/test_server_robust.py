@@ -38,7 +38,7 @@ def wait_health(srv: ServerThread, status: int, timeout: float = 30.0) -> dict:
 def check_restart_cycle(srv: ServerThread, breaker, reason_word: str) -> list[dict]:
     """Start a stream, break the engine, watch /healthz go 503 and back; returns the stream's events."""
     restarts = srv.state.engine.watchdog.restarts
-    body = {"messages": MSG, "stream": True, "max_tokens": 80, "min_tokens": 80, "temperature": 0}
+    body = {"messages": MSG, "stream": True, "max_tokens": 150, "min_tokens": 150, "temperature": 0}
     with httpx.stream("POST", f"{srv.url}/v1/chat/completions", json=body, timeout=60) as resp:
         assert resp.status_code == 200
         lines = resp.iter_lines()
