@@ -125,6 +125,15 @@ async def unless_disconnected(request: Request, work: Awaitable[T], poll: float 
         for t in (task, watcher):
             if not t.done():
                 t.cancel()
+                t.add_done_callback(_retrieve)
+
+
+def _retrieve(fut: asyncio.Future[Any]) -> None:
+    """Mark an abandoned future's outcome as seen. A cancelled ``asyncio.gather`` ends with its
+    CancelledError set as an exception, which asyncio would log as 'never retrieved', with a
+    traceback, once the future is collected."""
+    if not fut.cancelled():
+        fut.exception()
 
 
 async def _hang_up(request: Request) -> bool:
