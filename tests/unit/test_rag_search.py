@@ -180,7 +180,7 @@ def test_index_is_refreshed_not_reloaded_and_chunk_ids_are_never_reused(store: t
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """After the first load, a change costs a refresh (drop removed rows, append new ids); a file
     replacing the newest one gets new ids, so the refreshed index cannot confuse the two."""
-    import ortserve.rag.index as index_mod
+    import ortserve.rag.retrieval as index_mod
 
     rag, vid = store
     rag.search(vid, "fruit", k=1)

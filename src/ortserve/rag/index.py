@@ -21,11 +21,8 @@ import json
 import os
 import re
 import sqlite3
-import threading
 import time
-import uuid
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,73 +31,24 @@ import numpy as np
 from ortserve.errors import InvalidRequest, NotFound
 from ortserve.rag.ingest import Chunk, chunk_text, parse
 from ortserve.rag.jobs import JobsMixin
-from ortserve.rag.search import (
-    BM25_WEIGHT,
-    DENSE_WEIGHT,
-    MODES,
-    DenseIndex,
-    binarize,
-    check_filter,
-    fts_query,
-    matches,
-    rrf,
+from ortserve.rag.retrieval import SearchMixin
+from ortserve.rag.schema import (
+    MAIN_SCHEMA,
+    STORE_SCHEMA,
+    VS_FILE_COLUMNS,
+    connect,
+    migrate,
+    new_id,
+    next_chunk_id,
+    tx,
 )
+from ortserve.rag.schema import TX_LOCK as _TX_LOCK  # server/api/files.py takes it from here
+from ortserve.rag.search import DenseIndex
 
-_MAIN = """
-CREATE TABLE IF NOT EXISTS files (id TEXT PRIMARY KEY, filename TEXT NOT NULL, bytes INTEGER NOT NULL,
-  sha256 TEXT NOT NULL, purpose TEXT NOT NULL, created_at INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS vector_stores (id TEXT PRIMARY KEY, name TEXT, created_at INTEGER NOT NULL,
-  metadata TEXT NOT NULL DEFAULT '{}', embed_model TEXT NOT NULL, last_active_at INTEGER);
-CREATE INDEX IF NOT EXISTS vs_name ON vector_stores(name);
-"""
-_STORE = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
-CREATE TABLE IF NOT EXISTS vs_files (file_id TEXT PRIMARY KEY, filename TEXT NOT NULL, sha256 TEXT NOT NULL,
-  status TEXT NOT NULL, attributes TEXT NOT NULL DEFAULT '{}', chunking TEXT NOT NULL, usage_bytes INTEGER NOT NULL,
-  chunks INTEGER NOT NULL DEFAULT 0, last_error TEXT, created_at INTEGER NOT NULL,
-  batch_id TEXT, attempts INTEGER NOT NULL DEFAULT 0);
-CREATE TABLE IF NOT EXISTS chunks (id INTEGER PRIMARY KEY, file_id TEXT NOT NULL, idx INTEGER NOT NULL,
-  text TEXT NOT NULL, start INTEGER NOT NULL, "end" INTEGER NOT NULL, tokens INTEGER NOT NULL,
-  hash TEXT NOT NULL, vector BLOB NOT NULL);
-CREATE INDEX IF NOT EXISTS chunks_file ON chunks(file_id);
-CREATE INDEX IF NOT EXISTS chunks_hash ON chunks(hash);
-CREATE VIRTUAL TABLE IF NOT EXISTS chunks_fts USING fts5(text, tokenize='porter unicode61');
-CREATE TABLE IF NOT EXISTS batches (id TEXT PRIMARY KEY, created_at INTEGER NOT NULL,
-  cancelled INTEGER NOT NULL DEFAULT 0);
-"""
-VS_FILE_COLUMNS = ("file_id, filename, sha256, status, attributes, chunking, usage_bytes, chunks, last_error, "
-                   "created_at, batch_id, attempts")
 Progress = Callable[[int], None]
 
 
-def _connect(path: Path) -> sqlite3.Connection:
-    con = sqlite3.connect(str(path), timeout=30, isolation_level=None, check_same_thread=False)
-    con.execute("PRAGMA journal_mode=WAL")
-    con.execute("PRAGMA synchronous=FULL")
-    con.row_factory = sqlite3.Row
-    return con
-
-
-_TX_LOCK = threading.RLock()   # one writer per process at a time; SQLite's lock orders processes
-
-
-@contextlib.contextmanager
-def _tx(con: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
-    with _TX_LOCK:
-        con.execute("BEGIN IMMEDIATE")
-        try:
-            yield con
-        except BaseException:
-            con.execute("ROLLBACK")
-            raise
-        con.execute("COMMIT")
-
-
-def _new_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:24]}" if prefix == "file" else f"{prefix}_{uuid.uuid4().hex[:24]}"
-
-
-class RagStore(JobsMixin):
+class RagStore(SearchMixin, JobsMixin):
     """Thread-safe for the server: one lock per operation kind; SQLite serialises writers."""
 
     def __init__(self, root: Path, embedder: Callable[[], Any]) -> None:
@@ -108,8 +56,8 @@ class RagStore(JobsMixin):
         (self.root / "files").mkdir(parents=True, exist_ok=True)
         (self.root / "stores").mkdir(parents=True, exist_ok=True)
         self._embedder = embedder              # called lazily: loading the model is not free
-        self.main = _connect(self.root / "rag.sqlite")
-        self.main.executescript(_MAIN)
+        self.main = connect(self.root / "rag.sqlite")
+        self.main.executescript(MAIN_SCHEMA)
         self._stores: dict[str, sqlite3.Connection] = {}
         self._dense: dict[str, DenseIndex] = {}
         self._touched: dict[str, int] = {}
@@ -121,7 +69,7 @@ class RagStore(JobsMixin):
     def add_file(self, filename: str, data: bytes, purpose: str = "assistants") -> dict[str, Any]:
         """Validate (parse) first, then store the bytes, then the row: a refused file leaves no trace."""
         parse(filename, data)
-        fid = _new_id("file")
+        fid = new_id("file")
         path = self.root / "files" / fid
         tmp = path.with_name(f".{fid}.tmp")
         with Path(tmp).open("wb") as f:
@@ -130,7 +78,7 @@ class RagStore(JobsMixin):
             os.fsync(f.fileno())
         Path(tmp).replace(path)
         row = (fid, filename, len(data), hashlib.sha256(data).hexdigest(), purpose, int(time.time()))
-        with _tx(self.main) as con:
+        with tx(self.main) as con:
             con.execute("INSERT INTO files VALUES (?,?,?,?,?,?)", row)
         return self.file(fid)
 
@@ -155,7 +103,7 @@ class RagStore(JobsMixin):
         for vs in self.vector_stores():
             with contextlib.suppress(NotFound):
                 self.remove_file(vs["id"], fid)
-        with _tx(self.main) as con:
+        with tx(self.main) as con:
             con.execute("DELETE FROM files WHERE id=?", (fid,))
         (self.root / "files" / fid).unlink(missing_ok=True)
         return {"id": fid, "object": "file", "deleted": True}
@@ -170,9 +118,9 @@ class RagStore(JobsMixin):
 
     # ---- vector stores ------------------------------------------------------------
     def create_store(self, name: str | None, metadata: dict[str, Any] | None, embed_model: str) -> dict[str, Any]:
-        vid = _new_id("vs")
+        vid = new_id("vs")
         now = int(time.time())
-        with _tx(self.main) as con:
+        with tx(self.main) as con:
             con.execute("INSERT INTO vector_stores VALUES (?,?,?,?,?,?)",
                         (vid, name, now, json.dumps(metadata or {}), embed_model, now))
         self._store(vid)
@@ -214,7 +162,7 @@ class RagStore(JobsMixin):
             if con is not None:
                 con.close()
             self._dense.pop(vid, None)
-            with _tx(self.main) as m:
+            with tx(self.main) as m:
                 m.execute("DELETE FROM vector_stores WHERE id=?", (vid,))
             for suffix in ("", "-wal", "-shm"):
                 (self.root / "stores" / f"{vid}.sqlite{suffix}").unlink(missing_ok=True)
@@ -224,10 +172,10 @@ class RagStore(JobsMixin):
         with self._lock:
             con = self._stores.get(vid)
             if con is None:
-                con = _connect(self.root / "stores" / f"{vid}.sqlite")
-                con.executescript(_STORE)
+                con = connect(self.root / "stores" / f"{vid}.sqlite")
+                con.executescript(STORE_SCHEMA)
                 con.execute("INSERT OR IGNORE INTO meta VALUES ('generation', '0')")
-                _migrate(con)
+                migrate(con)
                 self._stores[vid] = con
             return con
 
@@ -266,7 +214,7 @@ class RagStore(JobsMixin):
         inputs = embed_inputs(f["filename"], text, chunks)
         hashes = [hashlib.sha256(t.encode("utf-8")).hexdigest() for t in inputs]
         vectors = self._vectors(con, emb, inputs, hashes, progress)
-        with _tx(con):
+        with tx(con):
             row = con.execute("SELECT status, batch_id, attempts, created_at FROM vs_files WHERE file_id=?",
                               (fid,)).fetchone()
             if attempt is not None and (row is None or row["status"] != "in_progress" or row["attempts"] != attempt):
@@ -277,7 +225,7 @@ class RagStore(JobsMixin):
                     self._delete_chunks(con, old)
                     con.execute("DELETE FROM vs_files WHERE file_id=?", (old,))
             self._delete_chunks(con, fid)
-            first = _next_chunk_id(con, len(chunks))
+            first = next_chunk_id(con, len(chunks))
             for cid, c, h, v in zip(range(first, first + len(chunks)), chunks, hashes, vectors, strict=True):
                 con.execute('INSERT INTO chunks (id, file_id, idx, text, start, "end", tokens, hash, vector) '
                             "VALUES (?,?,?,?,?,?,?,?,?)",
@@ -328,7 +276,7 @@ class RagStore(JobsMixin):
     def remove_file(self, vid: str, fid: str) -> dict[str, Any]:
         self.vs_file(vid, fid)
         con = self._store(vid)
-        with _tx(con):
+        with tx(con):
             self._delete_chunks(con, fid)
             con.execute("DELETE FROM vs_files WHERE file_id=?", (fid,))
             con.execute("UPDATE meta SET value = value + 1 WHERE key='generation'")
@@ -355,103 +303,10 @@ class RagStore(JobsMixin):
         for r in old:      # the replaced version's bytes, unless another store still uses them
             if not any(self._store(v["id"]).execute("SELECT 1 FROM vs_files WHERE file_id=?", (r["file_id"],))
                        .fetchone() for v in self.vector_stores()):
-                with _tx(self.main) as m:
+                with tx(self.main) as m:
                     m.execute("DELETE FROM files WHERE id=?", (r["file_id"],))
                 (self.root / "files" / r["file_id"]).unlink(missing_ok=True)
         return "replaced" if old else "added"
-
-    # ---- search -----------------------------------------------------------------------
-    def _dense_index(self, vid: str) -> DenseIndex:
-        con = self._store(vid)
-        gen = int(con.execute("SELECT value FROM meta WHERE key='generation'").fetchone()[0])
-        with self._lock:
-            idx = self._dense.get(vid)
-            if idx is None:
-                idx = self._dense[vid] = _load_index(con, gen, self._embedder().dimensions)
-            elif idx.generation != gen:
-                idx = self._dense[vid] = _refresh_index(con, idx, gen)
-            return idx
-
-    def search(self, vid: str, query: str, *, k: int = 10, filters: dict[str, Any] | None = None,
-               mode: str = "hybrid", score_threshold: float = 0.0) -> list[dict[str, Any]]:
-        """Best chunks for ``query``: dense, BM25 (FTS5) or both fused by reciprocal rank.
-
-        The query is embedded on a helper thread while FTS5 answers the BM25 half (onnxruntime
-        and SQLite both release the GIL), so hybrid costs about max(embed, BM25) + the dense pass.
-        """
-        self._row(vid)
-        if mode not in MODES:
-            raise InvalidRequest(f"search mode {mode!r}: use {', '.join(MODES)}", param="search_mode")
-        if not query.strip():
-            raise InvalidRequest("'query' must not be empty", param="query")
-        con = self._store(vid)
-        idx = self._dense_index(vid)
-        allowed = rows = None
-        if filters is not None:
-            check_filter(filters)
-            allowed = {fid for fid, a in idx.attrs.items() if matches(filters, a)}
-            rows = idx.rows_of(allowed)
-        pool = max(k * 4, 40)
-        emb = self._embedder() if mode != "bm25" else None
-        qvec = _query_pool().submit(lambda: emb.embed_texts([query], truncate=True).vectors[0]) if emb else None
-        bm25 = self._bm25(con, idx, query, pool, allowed) if mode != "dense" else []
-        dense = idx.search(qvec.result(), pool, rows) if qvec is not None else []
-        if mode == "dense":
-            ranked = dense
-        elif mode == "bm25":
-            ranked = [(c, 1.0 / (1 + r)) for r, c in enumerate(bm25)]
-        else:
-            ranked = rrf([c for c, _ in dense], bm25, weights=(DENSE_WEIGHT, BM25_WEIGHT))
-        ranked = [(c, s) for c, s in ranked if s >= score_threshold][:k]
-        self._touch(vid)
-        return self._results(con, ranked)
-
-    def _touch(self, vid: str) -> None:
-        """last_active_at, written at most once a minute per store: a search is not worth an fsync."""
-        now = int(time.time())
-        if now - self._touched.get(vid, 0) < 60:
-            return
-        self._touched[vid] = now
-        with _tx(self.main) as m:
-            m.execute("UPDATE vector_stores SET last_active_at=? WHERE id=?", (now, vid))
-
-    def _bm25(self, con: sqlite3.Connection, idx: DenseIndex, query: str, k: int,
-              allowed: set[str] | None) -> list[int]:
-        """FTS5's BM25 top ``k``. FTS5 alone (no join: a join made it 4x slower at 100k chunks);
-        with a filter, the ranked matches are read in batches and kept by the in-memory
-        chunk -> file map until ``k`` pass (FTS5 scores every match before the first row anyway)."""
-        match = fts_query(query)
-        if not match or (allowed is not None and not allowed):
-            return []
-        sql = "SELECT rowid FROM chunks_fts WHERE chunks_fts MATCH ? ORDER BY bm25(chunks_fts) LIMIT ?"
-        if allowed is None:
-            return [r[0] for r in con.execute(sql, (match, k))]
-        got: list[int] = []
-        sql = "SELECT rowid FROM chunks_fts WHERE chunks_fts MATCH ? ORDER BY bm25(chunks_fts)"
-        for cur in _batches(con.execute(sql, (match,)), 256):
-            got += [c for c, f in zip(cur, idx.file_of(cur), strict=True) if f in allowed]
-            if len(got) >= k:
-                break
-        return got[:k]
-
-    def _results(self, con: sqlite3.Connection, ranked: list[tuple[int, float]]) -> list[dict[str, Any]]:
-        """Text and metadata of the final top k only, in one query."""
-        if not ranked:
-            return []
-        rows = {c["id"]: c for c in con.execute(
-            'SELECT c.id, c.file_id, c.idx, c.text, c.start, c."end", v.filename, v.attributes FROM chunks c '
-            f"JOIN vs_files v ON v.file_id = c.file_id WHERE c.id IN ({','.join('?' * len(ranked))})",
-            [cid for cid, _ in ranked])}
-        out = []
-        for cid, score in ranked:
-            c = rows.get(cid)
-            if c is None:
-                continue
-            out.append({"file_id": c["file_id"], "filename": c["filename"], "score": round(score, 6),
-                        "attributes": json.loads(c["attributes"]),
-                        "content": [{"type": "text", "text": c["text"]}],
-                        "chunk_index": c["idx"], "start": c["start"], "end": c["end"]})
-        return out
 
     def close(self) -> None:
         with self._lock:
@@ -485,103 +340,3 @@ def _vs_file_json(vid: str, r: sqlite3.Row) -> dict[str, Any]:
             "created_at": r["created_at"], "vector_store_id": vid, "status": r["status"], "last_error": err,
             "chunking_strategy": json.loads(r["chunking"]), "attributes": json.loads(r["attributes"]),
             "filename": r["filename"], "chunks": r["chunks"]}
-
-
-def _load_index(con: sqlite3.Connection, generation: int, dim: int) -> DenseIndex:
-    """The in-memory search state of one store, read from SQLite (a cache of it)."""
-    rows = con.execute("SELECT id, file_id, vector FROM chunks ORDER BY id").fetchall()
-    files: dict[str, int] = {}
-    codes = np.fromiter((files.setdefault(r[1], len(files)) for r in rows), dtype=np.int32, count=len(rows))
-    ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
-    vecs = (np.frombuffer(b"".join(r[2] for r in rows), dtype=np.float32).reshape(-1, dim)
-            if rows else np.zeros((0, dim), np.float32))
-    attrs = {r[0]: json.loads(r[1]) for r in con.execute("SELECT file_id, attributes FROM vs_files")}
-    # in buffers with headroom, so that the refreshes after a file is added append without a copy
-    return DenseIndex(generation, _append(np.zeros(0, np.int64), ids), _append(np.zeros((0, dim), np.float32), vecs),
-                      _append(np.zeros(0, np.int32), codes), list(files), attrs,
-                      _append(np.zeros((0, -(-dim // 64)), np.uint64), binarize(vecs)))
-
-
-def _refresh_index(con: sqlite3.Connection, old: DenseIndex, generation: int) -> DenseIndex:
-    """``old`` brought up to date without reading every vector again (seconds at 100k chunks).
-
-    Chunk ids are never reused (_next_chunk_id), so new chunks are those with id > old's last,
-    and a file's chunks are only ever deleted all together, so the rows to drop are those of
-    files that now have no chunk with id <= last (removed, or re-processed under new ids).
-    With nothing to drop, the new rows go into the arrays' spare capacity (_append: no copy).
-    """
-    last = int(old.ids[-1]) if len(old.ids) else 0
-    still = {r[0] for r in con.execute("SELECT DISTINCT file_id FROM chunks WHERE id <= ?", (last,))}
-    gone = [i for i, f in enumerate(old.files) if f not in still]
-    ids, vectors, codes, bits = old.ids, old.vectors, old.file_codes, old._bits
-    if gone:
-        keep = ~np.isin(codes, gone)
-        if not keep.all():
-            ids, vectors, codes, bits = ids[keep], vectors[keep], codes[keep], bits[keep]
-    rows = con.execute("SELECT id, file_id, vector FROM chunks WHERE id > ? ORDER BY id", (last,)).fetchall()
-    files = {f: i for i, f in enumerate(old.files)}
-    new_codes = np.fromiter((files.setdefault(r[1], len(files)) for r in rows), dtype=np.int32, count=len(rows))
-    dim = vectors.shape[1]
-    vecs = (np.frombuffer(b"".join(r[2] for r in rows), dtype=np.float32).reshape(-1, dim)
-            if rows else np.zeros((0, dim), np.float32))
-    parsed: dict[str, dict[str, Any]] = {}          # most files share their attributes' JSON text
-    attrs = {r[0]: parsed.get(r[1]) or parsed.setdefault(r[1], json.loads(r[1]))
-             for r in con.execute("SELECT file_id, attributes FROM vs_files")}
-    return DenseIndex(generation, _append(ids, np.fromiter((r[0] for r in rows), np.int64, len(rows))),
-                      _append(vectors, vecs), _append(codes, new_codes), list(files), attrs,
-                      _append(bits, binarize(vecs)))
-
-
-def _append(arr: np.ndarray, extra: np.ndarray) -> np.ndarray:
-    """``arr`` + ``extra`` rows. ``arr`` is a prefix view of a larger buffer when it came from
-    here: if that buffer has room, ``extra`` is written after it (an older index keeps seeing
-    only its own prefix); else a new buffer with 50% headroom is made."""
-    n, m = len(arr), len(extra)
-    if m == 0:
-        return arr
-    base = arr.base
-    if (isinstance(base, np.ndarray) and base.ndim == arr.ndim and base.dtype == arr.dtype
-            and base.shape[1:] == arr.shape[1:] and base.shape[0] >= n + m
-            and base.__array_interface__["data"][0] == arr.__array_interface__["data"][0]
-            and arr.flags.c_contiguous and base.flags.c_contiguous and base.flags.writeable):
-        base[n:n + m] = extra
-        return base[:n + m]
-    buf = np.empty((n + m + (n + m) // 2, *arr.shape[1:]), dtype=arr.dtype)
-    buf[:n] = arr
-    buf[n:n + m] = extra
-    return buf[:n + m]
-
-
-def _next_chunk_id(con: sqlite3.Connection, n: int) -> int:
-    """The first of ``n`` fresh chunk ids (inside the writer's transaction). Ids are never reused,
-    not even those of deleted chunks, so that an in-memory index can tell new chunks by id."""
-    r = con.execute("SELECT value FROM meta WHERE key='next_chunk_id'").fetchone()
-    top = con.execute("SELECT coalesce(max(id), 0) + 1 FROM chunks").fetchone()[0]
-    first = max(int(r[0]) if r else 0, int(top))
-    con.execute("INSERT OR REPLACE INTO meta VALUES ('next_chunk_id', ?)", (str(first + n),))
-    return first
-
-
-_QUERY_POOL: ThreadPoolExecutor | None = None
-
-
-def _query_pool() -> ThreadPoolExecutor:
-    """Threads that embed search queries while the calling thread runs FTS5."""
-    global _QUERY_POOL
-    if _QUERY_POOL is None:
-        _QUERY_POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="rag-query")
-    return _QUERY_POOL
-
-
-def _batches(cur: sqlite3.Cursor, n: int) -> Iterator[list[int]]:
-    while rows := cur.fetchmany(n):
-        yield [r[0] for r in rows]
-
-
-def _migrate(con: sqlite3.Connection) -> None:
-    """Stores written before background processing lack vs_files.batch_id/attempts."""
-    have = {r[1] for r in con.execute("PRAGMA table_info(vs_files)")}
-    if "batch_id" not in have:
-        with _tx(con):
-            con.execute("ALTER TABLE vs_files ADD COLUMN batch_id TEXT")
-            con.execute("ALTER TABLE vs_files ADD COLUMN attempts INTEGER NOT NULL DEFAULT 0")

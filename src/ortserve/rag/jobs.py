@@ -22,6 +22,7 @@ from typing import Any
 
 from ortserve.errors import InvalidRequest, NotFound, Overloaded
 from ortserve.rag.ingest import UnsupportedFile
+from ortserve.rag.schema import VS_FILE_COLUMNS, tx
 
 log = logging.getLogger("ortserve.rag")
 MAX_ATTEMPTS = 3
@@ -46,8 +47,6 @@ class JobsMixin:
     def enqueue_file(self, vid: str, fid: str, *, attributes: dict[str, Any] | None, max_tokens: int,
                      overlap: int, batch_id: str | None = None) -> dict[str, Any]:
         """Record ``fid`` as in_progress in the store (its old chunks stay searchable until replaced)."""
-        from ortserve.rag.index import VS_FILE_COLUMNS, _tx
-
         self._row(vid)
         f = self.main.execute("SELECT filename, sha256 FROM files WHERE id=?", (fid,)).fetchone()
         if f is None:
@@ -55,7 +54,7 @@ class JobsMixin:
         con = self._store(vid)
         chunking = {"type": "static", "static": {"max_chunk_size_tokens": max_tokens,
                                                  "chunk_overlap_tokens": overlap}}
-        with _tx(con):
+        with tx(con):
             old = con.execute("SELECT usage_bytes, chunks FROM vs_files WHERE file_id=?", (fid,)).fetchone()
             con.execute(f"INSERT OR REPLACE INTO vs_files ({VS_FILE_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
                         (fid, f["filename"], f["sha256"], "in_progress", json.dumps(attributes or {}),
@@ -74,14 +73,12 @@ class JobsMixin:
 
     def process(self, vid: str, fid: str, stop: threading.Event | None = None) -> None:
         """Do one queued file: completed, failed with last_error, or untouched (removed/cancelled/stopped)."""
-        from ortserve.rag.index import _tx
-
         try:
             self._row(vid)
         except NotFound:
             return                                  # the store was deleted while the file waited
         con = self._store(vid)
-        with _tx(con):
+        with tx(con):
             r = con.execute("SELECT * FROM vs_files WHERE file_id=?", (fid,)).fetchone()
             if r is None or r["status"] != "in_progress":
                 return
@@ -101,7 +98,7 @@ class JobsMixin:
                               max_tokens=static["max_chunk_size_tokens"], overlap=static["chunk_overlap_tokens"],
                               progress=progress, attempt=r["attempts"] + 1)
         except Stopped:
-            with _tx(con):      # not the file's fault: this attempt does not count
+            with tx(con):      # not the file's fault: this attempt does not count
                 con.execute("UPDATE vs_files SET attempts = max(attempts - 1, 0) WHERE file_id=? AND attempts=?",
                             (fid, r["attempts"] + 1))
         except NotFound as exc:   # the file was deleted meanwhile: its rows went with it
@@ -115,27 +112,23 @@ class JobsMixin:
             self._fail(vid, fid, "server_error", f"{type(exc).__name__}: {exc}")
 
     def _fail(self, vid: str, fid: str, code: str, message: str) -> None:
-        from ortserve.rag.index import _tx
-
         with contextlib.suppress(NotFound):
             self._row(vid)
             con = self._store(vid)
-            with _tx(con):
+            with tx(con):
                 con.execute("UPDATE vs_files SET status='failed', last_error=? WHERE file_id=? AND status='in_progress'",
                             (json.dumps({"code": code, "message": message}), fid))
 
     # ---- batches ------------------------------------------------------------------
     def create_batch(self, vid: str, files: list[tuple[str, dict[str, Any] | None, int, int]]) -> dict[str, Any]:
         """A batch row, then each (file id, attributes, max tokens, overlap) queued under it."""
-        from ortserve.rag.index import _tx
-
         self._row(vid)
         for fid, *_ in files:     # 404 before anything is recorded
             if self.main.execute("SELECT 1 FROM files WHERE id=?", (fid,)).fetchone() is None:
                 raise NotFound(f"No such file: {fid!r}", param="file_ids")
         bid = f"vsfb_{uuid.uuid4().hex[:24]}"
         con = self._store(vid)
-        with _tx(con):
+        with tx(con):
             con.execute("INSERT INTO batches (id, created_at) VALUES (?,?)", (bid, int(time.time())))
         for fid, attrs, size, overlap in files:
             self.enqueue_file(vid, fid, attributes=attrs, max_tokens=size, overlap=overlap, batch_id=bid)
@@ -171,11 +164,9 @@ class JobsMixin:
 
     def cancel_batch(self, vid: str, bid: str) -> dict[str, Any]:
         """Files of the batch not yet done become ``cancelled``; one being embedded is dropped at commit."""
-        from ortserve.rag.index import _tx
-
         self.batch(vid, bid)
         con = self._store(vid)
-        with _tx(con):
+        with tx(con):
             con.execute("UPDATE batches SET cancelled=1 WHERE id=?", (bid,))
             con.execute("UPDATE vs_files SET status='cancelled' WHERE batch_id=? AND status='in_progress'", (bid,))
         return self.batch(vid, bid)
