@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from ortserve.telemetry.base import RequestSpan, Telemetry
+from ortserve.telemetry.base import RequestSpan, Telemetry, TelemetryBase
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -28,7 +28,7 @@ _NOOP = Telemetry()
 
 
 class TelemetryMiddleware:
-    def __init__(self, app: ASGIApp, telemetry: Telemetry,
+    def __init__(self, app: ASGIApp, telemetry: TelemetryBase,
                  route_of: Callable[[str], str] | None = None,
                  skip: frozenset[str] = frozenset({"/metrics", "/healthz"})) -> None:
         """`route_of` maps a path to a bounded route label (default: the path itself);

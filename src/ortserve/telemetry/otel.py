@@ -32,17 +32,17 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from ortserve import __version__
 from ortserve.telemetry import names as n
-from ortserve.telemetry.base import RequestSpan, StatsFn, Telemetry, TelemetryConfig
 from ortserve.telemetry.exporters import FileLogExporter, FileMetricExporter, FileSpanExporter
 from ortserve.telemetry.files import Health, RotatingWriter
 from ortserve.telemetry.logs import TraceContextFilter, TraceLogHandler
+from ortserve.telemetry.span import RequestSpan, StatsFn, TelemetryBase, TelemetryConfig
 
 log = logging.getLogger("ortserve.telemetry")
 
-__all__ = ["FileTelemetry", "RequestSpan", "Telemetry", "TelemetryConfig"]
+__all__ = ["FileTelemetry", "RequestSpan", "TelemetryConfig"]
 
 
-class FileTelemetry(Telemetry):
+class FileTelemetry(TelemetryBase):
     enabled = True
 
     def __init__(self, config: TelemetryConfig) -> None:
