@@ -17,167 +17,34 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import logging
 import math
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ortserve.errors import InvalidRequest, NotFound, OrtServeError, Unavailable
+from ortserve.server.memory import (
+    MB,
+    Estimator,
+    InsufficientMemory,
+    chat_estimate,
+    default_budget,
+    kv_cap_bytes,
+    rss_bytes,
+    weights_bytes,
+)
+from ortserve.server.model_names import GENERIC_NAMES, catalog_aliases, resolve_store_model
+from ortserve.server.slots import External, Slot, parse_keep_alive
+
+# the names other modules and tests import from here
+__all__ = ["GENERIC_NAMES", "MB", "Estimator", "InsufficientMemory", "Loader", "ModelManager", "Slot",
+           "chat_estimate", "default_budget", "kv_cap_bytes", "parse_keep_alive", "weights_bytes"]
 
 log = logging.getLogger("ortserve.manager")
-GENERIC_NAMES = {"onnx-genai", "default", "local"}
 Loader = Callable[[Path, str], Any]          # (model dir, model id) -> an unstarted managed object (sync)
-Estimator = Callable[[Path], int]            # model dir -> planned bytes
-MB = 1 << 20
-
-
-class InsufficientMemory(OrtServeError):
-    """A model that cannot fit in the memory budget even with nothing else loaded."""
-
-    status = 507
-    type = "invalid_request_error"
-    code = "model_too_large"
-
-
-@dataclass
-class Slot:
-    """One model the manager knows about: loading, loaded, or (after unload) forgotten."""
-
-    id: str
-    kind: str
-    dir: Path
-    planned_bytes: int
-    pinned: bool = False
-    obj: Any = None
-    task: asyncio.Task[Any] | None = None
-    loaded_at: float = 0.0
-    last_used: float = field(default_factory=time.monotonic)
-    requests: int = 0
-    loads: int = 0
-    keep_alive: float | None = None   # the last request's override; None = the server setting
-    rss_delta: int = 0
-    error: str | None = None
-    waiters: int = 0                  # requests between "give me the model" and their submit
-
-
-    @property
-    def state(self) -> str:
-        return "loaded" if self.obj is not None else "loading"
-
-    def busy(self) -> bool:
-        if self.waiters:
-            return True
-        if self.obj is None:
-            return False
-        check = getattr(self.obj, "busy", None)
-        if callable(check):
-            return bool(check())
-        stats = getattr(self.obj, "stats", None)
-        if callable(stats):
-            s = stats()
-            return bool(s.running or s.waiting)
-        return False
-
-
-def weights_bytes(model_dir: Path) -> int:
-    """Bytes of the model's weight files (ONNX graphs and external data)."""
-    total = 0
-    for p in Path(model_dir).iterdir():
-        if p.is_file() and (p.suffix in (".onnx", ".data", ".bin") or p.name.endswith(".onnx.data")):
-            total += p.stat().st_size
-    return total
-
-
-def chat_estimate(settings: Any, kv_tokens: int = 512) -> Estimator:
-    """Planned memory of a chat model: weights + the KV cache of max_batch sequences of
-    ``kv_tokens`` (the cache grows on demand, so this is what a busy model commonly holds)."""
-
-    def estimate(model_dir: Path) -> int:
-        return weights_bytes(model_dir) + kv_cap_bytes(settings, model_dir, kv_tokens)
-
-    return estimate
-
-
-def kv_cap_bytes(settings: Any, model_dir: Path, kv_tokens: int = 512) -> int:
-    """The KV cache an on-demand model may use: kv_cache_mb when set, else max_batch sequences of
-    ``kv_tokens`` (fp32). The manager loads on-demand models with exactly this cap."""
-    mb = int(getattr(settings, "kv_cache_mb", 0) or 0)
-    if mb:
-        return mb * MB
-    try:
-        dec = json.loads((Path(model_dir) / "genai_config.json").read_text(encoding="utf-8"))["model"]["decoder"]
-        per_token = 2 * int(dec["num_hidden_layers"]) * int(dec["num_key_value_heads"]) * int(dec["head_size"])
-    except (OSError, KeyError, TypeError, ValueError):
-        return 0
-    return per_token * 4 * int(getattr(settings, "max_batch", 16)) * kv_tokens
-
-
-def default_budget(settings: Any) -> int:
-    """The memory budget in bytes: the setting, else 80% of the RAM available at start
-    (80% of the GPU's memory when serving on CUDA and nvidia-smi can say how much)."""
-    mb = int(getattr(settings, "memory_budget_mb", 0) or 0)
-    if mb > 0:
-        return mb * MB
-    if getattr(settings, "device", "auto") == "cuda":
-        gpu = _gpu_total_bytes()
-        if gpu:
-            return int(gpu * 0.8)
-    import psutil
-
-    return int(psutil.virtual_memory().available * 0.8)
-
-
-def _gpu_total_bytes() -> int | None:
-    import shutil
-    import subprocess
-
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        return None
-    try:
-        out = subprocess.run([exe, "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=10, check=True).stdout
-        return int(out.splitlines()[0].strip()) * MB
-    except (OSError, ValueError, IndexError, subprocess.SubprocessError):
-        return None
-
-
-def parse_keep_alive(value: Any) -> float | None:
-    """Seconds from a number or a duration like "30s", "5m", "1h"; -1 (any negative) = forever."""
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        raise ValueError("keep_alive must be seconds or a duration like '5m'")  # noqa: TRY004 - pydantic wants ValueError
-    if isinstance(value, (int, float)):
-        if not math.isfinite(value):
-            raise ValueError("keep_alive must be finite")
-        return -1.0 if value < 0 else float(value)
-    text = str(value).strip().lower()
-    units = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
-    for suffix in ("ms", "s", "m", "h"):
-        if text.endswith(suffix):
-            try:
-                return parse_keep_alive(float(text[: -len(suffix)]) * units[suffix])
-            except ValueError:
-                break
-    try:
-        return parse_keep_alive(float(text))
-    except ValueError:
-        raise ValueError(f"keep_alive {value!r} is not seconds or a duration like '30s', '5m', '1h'") from None
-
-
-def _rss() -> int:
-    try:
-        import psutil
-
-        return int(psutil.Process().memory_info().rss)
-    except Exception:  # noqa: BLE001 - informational only
-        return 0
 
 
 class ModelManager:
@@ -288,7 +155,7 @@ class ModelManager:
         if name in self.aliases:
             return self.aliases[name]
         default = self.slots.get(self.default_id or "")
-        if kind == "chat" and default is not None and name in _catalog_aliases(default.id):
+        if kind == "chat" and default is not None and name in catalog_aliases(default.id):
             return default.id
         return name
 
@@ -304,26 +171,7 @@ class ModelManager:
         return model_dir, model_id
 
     def _resolve_store(self, name: str) -> tuple[Path, str]:
-        from ortserve.models import select
-        from ortserve.models.locate import looks_like_path
-        from ortserve.models.store import ModelStore
-
-        served = ", ".join(sorted(self.slots)) or "none"
-        if looks_like_path(name):
-            raise NotFound(f"The model '{name}' does not exist: requests name store models, not paths "
-                           f"(loaded: {served})", param="model", code="model_not_found")
-        try:
-            res = select.resolve(ModelStore(self.settings.store_dir), name, getattr(self.settings, "device", "cpu"))
-        except NotFound:
-            raise NotFound(f"The model '{name}' does not exist in this server's store (loaded: {served}); "
-                           f"see GET /v1/models", param="model", code="model_not_found") from None
-        except OrtServeError as exc:
-            raise InvalidRequest(exc.message, param="model", code="model_not_found") from None
-        found = getattr(res.variant, "kind", None) or "chat"
-        if found not in ("chat", "llm", "causal-lm"):
-            raise InvalidRequest(f"'{name}' is a {found} model, not a chat model", param="model",
-                                 code="wrong_model_kind")
-        return res.path, res.model_id
+        return resolve_store_model(self.settings, name, loaded=sorted(self.slots))
 
     def _estimate(self, kind: str, model_dir: Path | str) -> int:
         if kind not in self.kinds:
@@ -354,7 +202,7 @@ class ModelManager:
         loader, _ = self.kinds[slot.kind]
         if loader == self._load_engine and slot.pinned:
             loader = functools.partial(self._load_engine, capped=False)
-        before = _rss()
+        before = rss_bytes()
         t0 = time.monotonic()
         try:
             obj = await asyncio.to_thread(loader, slot.dir, slot.id)
@@ -368,7 +216,7 @@ class ModelManager:
                               code="model_load_failed") from exc
         slot.obj, slot.loaded_at, slot.task = obj, time.time(), None
         self._measure(slot)
-        slot.rss_delta = max(0, _rss() - before)
+        slot.rss_delta = max(0, rss_bytes() - before)
         slot.loads += 1
         self.loads_total[slot.id] = self.loads_total.get(slot.id, 0) + 1
         slot.last_used = time.monotonic()
@@ -397,7 +245,7 @@ class ModelManager:
         shows in ps and /metrics, counts against the budget, obeys keep_alive and can be evicted
         or unloaded (``close`` drops it). Over budget, idle unpinned models make room."""
         slot = Slot(id=model_id, kind=kind, dir=Path(model_dir), planned_bytes=int(nbytes),
-                    obj=_External(close), loaded_at=time.time(), loads=1)
+                    obj=External(close), loaded_at=time.time(), loads=1)
         self.slots[model_id] = slot
         self.loads_total[model_id] = self.loads_total.get(model_id, 0) + 1
         if self._loop is not None:
@@ -543,28 +391,3 @@ class ModelManager:
     def _changed(self) -> None:
         for fn in self.on_change:
             fn()
-
-
-class _External:
-    """The managed face of a model another part loaded: stopping it calls its ``close``."""
-
-    def __init__(self, close: Callable[[], None]) -> None:
-        self.close = close
-
-    async def start(self) -> None:
-        return None
-
-    async def stop(self) -> None:
-        await asyncio.to_thread(self.close)
-
-    def busy(self) -> bool:
-        return False
-
-
-def _catalog_aliases(model_id: str) -> set[str]:
-    from ortserve.models.catalog import CATALOG
-
-    base = model_id.partition(":")[0]
-    entry = CATALOG.get(model_id) or CATALOG.get(base)
-    return set(entry.aliases) | {entry.id} if entry is not None else set()
-
