@@ -5,6 +5,10 @@ or a Lark grammar, applied to the logits before sampling.
 compiled grammars by content hash; ``Guide`` is one sequence's matcher. The engine loop
 asks every guided row's mask in one parallel call (``fill_masks``) while the decode step
 runs, so constrained rows do not stall the batch. No torch: the numpy bitmask helpers.
+
+A guide for JSON output or a tool-call list also carries a policy (engine/closing.py) that
+adjusts its mask: close the JSON before ``max_tokens``, end a list of calls on a repeat, cap
+runs of whitespace.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import hashlib
 import json
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +25,9 @@ import numpy as np
 
 from ortserve.errors import InvalidRequest
 
-# JSON the way a person writes it on one line: no free whitespace, so a model cannot pad
-# forever, and the output is stable for the tool-call parser.
+# JSON the way a person writes it on one line: no free whitespace between tokens, so a model
+# cannot pad forever, and the output is stable for the tool-call parser. (Whitespace inside
+# strings is capped per guide, engine/closing.py; a schema's own "x-guidance" wins.)
 JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 KINDS = ("json_schema", "regex", "grammar")
 
@@ -30,11 +35,14 @@ KINDS = ("json_schema", "regex", "grammar")
 @dataclass(frozen=True)
 class Constraint:
     """What the output must match: kind is one of KINDS; text is the schema (JSON text),
-    the regex or the Lark grammar. ``param`` names the request field for error messages."""
+    the regex or the Lark grammar. ``param`` names the request field for error messages;
+    ``max_tokens`` is the answer's budget, which JSON output closes within (not part of the
+    grammar: guides of one compiled grammar share it whatever their budget)."""
 
     kind: str
     text: str
     param: str = "response_format"
+    max_tokens: int | None = None
 
     @classmethod
     def json_schema(cls, schema: Any, param: str = "response_format") -> Constraint:
@@ -85,6 +93,7 @@ class Guidance:
         self._executor: Any = None
         self._cache: OrderedDict[str, Any] = OrderedDict()
         self._cache_size = cache_size
+        self._vocab: Any = None  # engine/closing.py's view of the tokens, built on first use
         self.compiles = 0
         self.hits = 0
 
@@ -98,6 +107,17 @@ class Guidance:
                                                    n_vocab=self.vocab_size, eos_token=list(self.eos_ids))
                 self._executor = llguidance.LLExecutor()
             return self._tok
+
+    @property
+    def vocab(self) -> Any:
+        """The tokens as the closing policies see them (engine/closing.py), built once."""
+        from ortserve.engine.closing import Vocab
+
+        tok = self.tokenizer
+        with self._lock:
+            if self._vocab is None:
+                self._vocab = Vocab(tok, self.vocab_size, self.eos_ids)
+            return self._vocab
 
     def guide(self, constraint: Constraint) -> Guide:
         """A fresh matcher for one sequence; compiling once per distinct grammar."""
@@ -128,34 +148,54 @@ class Guidance:
                 self._cache[key] = proto
                 while len(self._cache) > self._cache_size:
                     self._cache.popitem(last=False)
-        return Guide(proto.deep_copy(), self.vocab_size)
+        from ortserve.engine.closing import policy_for
+
+        policy = policy_for(constraint.kind, constraint.text, self.vocab, constraint.max_tokens)
+        return Guide(proto.deep_copy(), self.vocab_size, policy)
 
     def fill_masks(self, guides: list[tuple[Guide, int]], out: np.ndarray) -> None:
         """Write each guide's next-token mask into row ``i`` of ``out`` (in parallel threads)."""
         from llguidance.numpy import fill_next_token_bitmask_par
 
         fill_next_token_bitmask_par(self._executor, [(g.matcher, i) for g, i in guides], out)
+        for g, i in guides:
+            g.adjust(out[i])
 
 
 class Guide:
     """One sequence's grammar state: mask the logits, then consume the sampled token."""
 
-    def __init__(self, matcher: Any, vocab_size: int) -> None:
+    def __init__(self, matcher: Any, vocab_size: int, policy: Any = None) -> None:
         self.matcher = matcher
         self.vocab_size = vocab_size
+        self.policy = policy  # engine/closing.py: JsonBudget, ToolBudget or None
 
     def compute_mask(self, out: np.ndarray) -> None:
         from llguidance.numpy import fill_next_token_bitmask
 
         fill_next_token_bitmask(self.matcher, out.reshape(1, -1))
+        self.adjust(out.reshape(-1))
+
+    def adjust(self, row: np.ndarray) -> None:
+        """The policy's changes to a freshly computed mask row (closing, whitespace, ending a call list)."""
+        if self.policy is not None:
+            self.policy.adjust(self.matcher, row)
 
     def consume(self, token: int) -> None:
         if not self.matcher.consume_token(token):
             raise RuntimeError(f"grammar rejected token {token}: {self.matcher.get_error()}")
+        if self.policy is not None:
+            self.policy.observe(token, self.matcher)
 
     @property
     def stopped(self) -> bool:
-        return bool(self.matcher.is_stopped())
+        """No more tokens: the grammar is complete, or the policy ended the answer."""
+        return bool(self.matcher.is_stopped()) or (self.policy is not None and self.policy.ended)
+
+    @property
+    def finish_reason(self) -> str:
+        """Why a stopped guide stopped: "length" when the JSON was closed early for the budget."""
+        return self.policy.finish_reason if self.policy is not None else "stop"
 
 
 def allocate_masks(rows: int, vocab_size: int) -> np.ndarray:
@@ -177,9 +217,9 @@ def _what(c: Constraint) -> str:
 def constraint_of(params: Any) -> Constraint | None:
     """The constraint a SamplingParams asks for (json_schema, regex or grammar), if any."""
     if params.json_schema is not None:
-        return Constraint.json_schema(params.json_schema, param="json_schema")
+        return replace(Constraint.json_schema(params.json_schema, param="json_schema"), max_tokens=params.max_tokens)
     if params.regex is not None:
-        return Constraint("regex", params.regex, "regex")
+        return Constraint("regex", params.regex, "regex", params.max_tokens)
     if params.grammar is not None:
-        return Constraint("grammar", params.grammar, "grammar")
+        return Constraint("grammar", params.grammar, "grammar", params.max_tokens)
     return None

@@ -10,6 +10,10 @@ The format is the Hermes/Qwen one, which many chat models already know::
 Several calls follow each other, one per block, separated by a newline. The grammar fixes
 every byte outside the arguments, and the arguments follow the tool's JSON schema, so the
 parser below is a small state machine: it never has to guess or repair.
+
+Two things end a list of calls cleanly on a small model (engine/closing.py does the engine's
+side, docs/tools.md says why): a call that repeats an earlier one (same name and arguments)
+ends the answer and is dropped, and a call whose arguments did not complete is never returned.
 """
 
 from __future__ import annotations
@@ -24,10 +28,15 @@ from ortserve.engine.guidance import schema_lark
 from ortserve.errors import InvalidRequest
 
 OPEN, CLOSE = "<tool_call>\n", "\n</tool_call>"
+# The first line of every tool grammar (a Lark comment): the engine knows the grammar is a list of
+# calls and watches it for repeats and for calls it has no tokens left to finish (engine/closing.py).
+TOOL_MARK = "// ortserve: tool calls"
 NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 MODES = ("none", "auto", "required")
 # A small model rarely ends a list of calls by itself (after a call, "\n<tool_call>" beats the end
-# token): parallel calls are capped so a forced list always closes well within max_tokens.
+# token). What it writes next is mostly the same call again, and a repeat ends the answer
+# (engine/closing.py); a new call starts only if the tokens left can hold one. The cap bounds
+# what is left: a list of different calls that never ends.
 MAX_PARALLEL_CALLS = 4
 
 
@@ -114,7 +123,7 @@ def tool_grammar(tools: list[Tool], mode: str, parallel: bool = True) -> str | N
         lines.append(f"args_{i}: {schema_lark(args)}")
     start = "start: TEXT | calls" if mode == "auto" else "start: calls"
     # prose under auto must not begin like a call; that is the only thing it cannot be
-    return "\n".join([start, *lines, r"TEXT: /[^<][\s\S]*/", ""])
+    return "\n".join([TOOL_MARK, start, *lines, r"TEXT: /[^<][\s\S]*/", ""])
 
 
 def tools_prompt(tools: list[Tool]) -> str:
@@ -203,21 +212,30 @@ class ToolCallParser:
     """Splits generated text into prose and tool calls as it arrives.
 
     Arguments are passed on as soon as they are generated (no buffering to the end of a
-    call); only the fixed envelope around them is held back.
+    call); only the fixed envelope around them is held back, and a call while it still reads
+    like an earlier one (same name, arguments so far a prefix of that call's): if it completes
+    as a repeat it is dropped (never streamed), ``repeated`` is set and the rest of the text is
+    ignored. At ``finish`` a call whose arguments did not complete is dropped from ``calls``
+    (in a stream its first pieces are already out; the engine starts no call it cannot finish).
     """
 
     calls: list[ToolCall] = field(default_factory=list)
     content: str = ""
+    repeated: bool = False    # a call repeated an earlier one: it was dropped and the answer ends there
+    dropped: list[ToolCall] = field(default_factory=list)  # repeats and calls cut before their arguments closed
     _buf: str = ""
-    _state: str = "start"   # start | text | head | args | tail
+    _state: str = "start"   # start | text | head | args | tail | end
     _depth: int = 0
     _in_str: bool = False
     _esc: bool = False
+    _held: list[Delta] | None = None  # the current call's deltas while it reads like an earlier call
 
     def feed(self, text: str) -> list[Delta]:
+        if self._state == "end":
+            return []
         self._buf += text
         out: list[Delta] = []
-        while self._buf:
+        while self._buf and self._state != "end":
             before = (self._state, len(self._buf))
             self._step(out)
             if (self._state, len(self._buf)) == before:
@@ -225,13 +243,20 @@ class ToolCallParser:
         return out
 
     def finish(self) -> list[Delta]:
-        """The end of generation: whatever is held back is prose (or an unfinished call)."""
+        """The end of generation: whatever is held back is prose; an unfinished call is dropped."""
         out: list[Delta] = []
         if self._buf and self._state in ("start", "text"):
             self.content += self._buf
             out.append(Delta(content=self._buf))
-        self._buf = ""
+        if self._state == "args":
+            self.dropped.append(self.calls.pop())
+        self._buf, self._held = "", None
         return out
+
+    @property
+    def in_arguments(self) -> bool:
+        """Whether the text so far ends inside a call's arguments."""
+        return self._state == "args"
 
     def _step(self, out: list[Delta]) -> None:
         buf = self._buf
@@ -249,23 +274,41 @@ class ToolCallParser:
             if m:
                 call = ToolCall(new_call_id(), m.group(1))
                 self.calls.append(call)
-                out.append(Delta(index=len(self.calls) - 1, call=call))
+                first = Delta(index=len(self.calls) - 1, call=call)
+                if any(c.name == call.name for c in self.calls[:-1]):
+                    self._held = [first]
+                else:
+                    out.append(first)
                 self._buf = buf[m.end():]
                 self._state, self._depth, self._in_str, self._esc = "args", 0, False, False
         elif self._state == "args":
-            n = self._scan(buf)
-            piece = buf[:n]
-            self.calls[-1].arguments += piece
-            out.append(Delta(index=len(self.calls) - 1, arguments=piece))
-            self._buf = buf[n:]
-            if self._depth == 0 and self.calls[-1].arguments:
-                self._state = "tail"
+            self._args(buf, out)
         elif self._state == "tail":
             end = "}" + CLOSE
             if buf.startswith(end + "\n"):
                 self._buf, self._state = buf[len(end) + 1:], "head"
             elif buf.startswith(end) and len(buf) > len(end):
                 self._buf, self._state = buf[len(end):], "text"  # not from our grammar; keep it visible
+
+    def _args(self, buf: str, out: list[Delta]) -> None:
+        n = self._scan(buf)
+        piece, call = buf[:n], self.calls[-1]
+        call.arguments += piece
+        self._buf = buf[n:]
+        delta = Delta(index=len(self.calls) - 1, arguments=piece)
+        if self._held is None:
+            out.append(delta)
+        else:
+            self._held.append(delta)
+            if not any(c.name == call.name and c.arguments.startswith(call.arguments) for c in self.calls[:-1]):
+                out.extend(self._held)  # it differs from every earlier call: pass it on
+                self._held = None
+        if self._depth == 0 and call.arguments:
+            if self._held is not None:  # complete and equal to an earlier call (a JSON object ends at its brace)
+                self.dropped.append(self.calls.pop())
+                self.repeated, self._held, self._buf, self._state = True, None, "", "end"
+            else:
+                self._state = "tail"
 
     def _scan(self, buf: str) -> int:
         """How much of ``buf`` belongs to the arguments object (string-aware brace depth)."""
