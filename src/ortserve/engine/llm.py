@@ -1,8 +1,11 @@
 """LLM: the synchronous facade for scripts, in the shape of nano-vllm's API.
 
-    llm = LLM("smollm2-135m")           # a store id or a model directory
+    llm = LLM("path/to/model-dir")      # a model directory or a LoadedModel
     outs = llm.generate(["Hi", [{"role": "user", "content": "Hi"}]], SamplingParams(max_tokens=64))
     for piece in llm.stream("Once upon a time"): print(piece, end="")
+
+A store id ("smollm2-135m") is looked up by the model store, a floor above the engine:
+``ortserve.llm.LLM`` takes one and builds this facade on the directory it finds.
 """
 
 from __future__ import annotations
@@ -31,10 +34,8 @@ class GenerationError(OrtServeError):
 class LLM:
     def __init__(self, model: str | Path | LoadedModel, settings: Any = None) -> None:
         if not isinstance(model, LoadedModel):
-            from ortserve.models.locate import resolve_model_dir
-
-            model_dir, model_id = resolve_model_dir(str(model), settings)
-            model = LoadedModel(model_dir, settings, model_id)
+            model_dir = Path(model).expanduser()   # loading it reports what is missing
+            model = LoadedModel(model_dir, settings, model_dir.name)
         self.engine = AsyncEngine(model, settings)  # used for validation; the core runs in a thread
         self.core = self.engine.core
         self.core.start()
