@@ -87,6 +87,9 @@ class Settings(BaseSettings):
     kv_cache_mb: int = Field(0, ge=0, validation_alias=_env("ORTSERVE_KV_CACHE_MB"),
                              description="KV cache budget in MB (0 = half the free memory left after "
                                          "the model, at least 256 MB)")
+    prefix_cache: bool = Field(True, validation_alias=_env("ORTSERVE_PREFIX_CACHE"),
+                               description="Keep finished requests' KV (inside kv_cache_mb) and start new "
+                                           "prompts from the longest shared prefix; off: prefill every prompt whole")
     # server
     host: str = Field("127.0.0.1", validation_alias=_env("ORTSERVE_HOST", "HOST"),
                       description="Address the server binds")

@@ -189,6 +189,7 @@ class Metrics:
     tokens_per_second: float = 0.0
     output_tokens_per_second: float = 0.0
     queue_time: float = 0.0
+    cached_tokens: int = 0  # prompt tokens whose KV was reused from a cached prefix, not computed
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -242,3 +243,8 @@ class EngineStats:
     total_requests: int
     total_output_tokens: int
     cohorts: int = 0
+    prompt_tokens_computed: int = 0   # prompt tokens prefilled (recomputed ones after preemption too)
+    prompt_tokens_reused: int = 0     # prompt tokens copied from the prefix cache or a running row
+    prefix_cache_bytes: int = 0       # KV bytes the prefix cache holds (inside kv_cache_mb)
+    prefix_cache_entries: int = 0
+    prefix_cache_evictions: int = 0   # cached prefixes dropped to make room

@@ -155,7 +155,8 @@ def test_chat_drops_the_oldest_turns_and_tells_the_user(tiny_model: Path, tmp_pa
 
 
 def long_beside_a_stream(engine, short_prompt: str, short_tokens: int):
-    """LONG, sent while a greedy stream of ``short_tokens`` on ``short_prompt`` is decoding; its result."""
+    """LONG, sent while a greedy stream of ``short_tokens`` on ``short_prompt`` is decoding; its result.
+    The prefix cache is off meanwhile: ``singles`` cached LONG, and a cached prompt needs no chunks."""
     async def scenario():
         short = asyncio.ensure_future(engine.generate(prompt=short_prompt, params=SamplingParams(
             temperature=0, max_tokens=short_tokens, ignore_eos=True)))
@@ -163,4 +164,8 @@ def long_beside_a_stream(engine, short_prompt: str, short_tokens: int):
         long = await engine.generate(prompt=LONG, params=GREEDY)
         await short
         return long
-    return run(scenario())
+    cache, engine.core.cache = engine.core.cache, None
+    try:
+        return run(scenario())
+    finally:
+        engine.core.cache = cache

@@ -112,7 +112,8 @@ class AsyncEngine:
     def _new_core(self, runner: Runner) -> EngineCore:
         return EngineCore(runner, chunk_tokens=int(getattr(self.settings, "prefill_chunk", 512)),
                           prefill_ratio=float(getattr(self.settings, "prefill_ratio", 0.0)),
-                          kv_budget_bytes=self.kv_budget, guidance=self.model.guidance)
+                          kv_budget_bytes=self.kv_budget, guidance=self.model.guidance,
+                          prefix_cache=bool(getattr(self.settings, "prefix_cache", True)))
 
     def reload(self) -> None:
         """A fresh model session and engine loop (the watchdog's restart; blocking)."""

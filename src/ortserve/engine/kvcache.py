@@ -67,6 +67,14 @@ class HostKV:
         """A host copy of one row of buffer ``i`` (tests compare placements with it)."""
         return np.array(self.bufs[i][row])
 
+    def save(self, row: int, tokens: int) -> list[np.ndarray]:
+        """The first ``tokens`` of ``row`` in every buffer, ``[kv_heads, tokens, head_size]`` each."""
+        return [np.array(buf[row, :, :tokens]) for buf in self.bufs]
+
+    def load(self, block: list[np.ndarray], row: int, tokens: int) -> None:
+        for buf, saved in zip(self.bufs, block):
+            buf[row, :, :tokens] = saved[:, :tokens]
+
 
 class DeviceKV:
     """The KV cache as OrtValues on the session's device, copied there by tiny graphs."""
@@ -144,6 +152,34 @@ class DeviceKV:
         io.bind_output("y", "cpu")
         self._copy.run_with_iobinding(io)
         return np.asarray(io.get_outputs()[0].numpy()[0])
+
+
+    def save(self, row: int, tokens: int) -> list[Any]:
+        """The first ``tokens`` of ``row`` in every buffer, as new device values ``[1, kv_heads,
+        tokens, head_size]``: the Pad graph with a negative end pad crops the row on the device."""
+        _, h, c, d = self.shape
+        pads = np.array([0, 0, 0, 0, 0, 0, tokens - c, 0], dtype=np.int64)
+        alloc = self._ort.OrtValue.ortvalue_from_shape_and_type
+        out = [alloc([1, h, tokens, d], self.dtype, self.device, self.device_id) for _ in range(self.n)]
+        for i, dst in enumerate(out):
+            self._pad_run([1, h, c, d], self.pointer(i, row), pads, [1, h, tokens, d], dst.data_ptr())
+        return out
+
+    def load(self, block: list[Any], row: int, tokens: int) -> None:
+        """A saved block into ``row``, padded (or cropped) to the row's capacity; positions past
+        ``tokens`` are beyond the row's length, so what lands there is never read."""
+        _, h, c, d = self.shape
+        for i, saved in enumerate(block):
+            n = saved.shape()[2]
+            pads = np.array([0, 0, 0, 0, 0, 0, c - n, 0], dtype=np.int64)
+            self._pad_run([1, h, n, d], saved.data_ptr(), pads, [1, h, c, d], self.pointer(i, row))
+
+    def _pad_run(self, x_shape: list[int], x_ptr: int, pads: np.ndarray, y_shape: list[int], y_ptr: int) -> None:
+        io = self._pad.io_binding()
+        io.bind_input("x", self.device, self.device_id, self.dtype, x_shape, x_ptr)
+        io.bind_cpu_input("pads", pads)
+        io.bind_output("y", self.device, self.device_id, self.dtype, y_shape, y_ptr)
+        self._pad.run_with_iobinding(io)
 
 
 def _graph(name: str) -> bytes:

@@ -174,6 +174,25 @@ class Runner:
     def clear(self, row: int) -> None:
         self.lengths[row] = 0
 
+    # ---- prefix reuse (engine/prefix_cache.py) ------------------------------
+    def save(self, row: int) -> Any:
+        """A copy of the KV ``row`` holds, sized to its tokens, to start later sequences from."""
+        return self.kv.save(row, int(self.lengths[row]))
+
+    def load(self, row: int, block: Any, tokens: int, *, total: int) -> None:
+        """Start ``row`` with the first ``tokens`` of a saved ``block`` (its prefix is ``total`` long)."""
+        self.ensure_rows(row + 1)
+        self.ensure_capacity(max(total, tokens) + 1)
+        self.kv.load(block, row, tokens)
+        self.lengths[row] = tokens
+
+    def copy_prefix(self, src: int, dst: int, tokens: int, *, total: int) -> None:
+        """Start ``dst`` with the first ``tokens`` of running row ``src``, which keeps its own."""
+        self.ensure_rows(dst + 1)
+        self.ensure_capacity(max(total, tokens) + 1)
+        self.kv.move_row(src, dst, tokens)
+        self.lengths[dst] = tokens
+
     # ---- compute ------------------------------------------------------------
     def _binding(self, rows: slice) -> Any:
         """An IOBinding with the KV views of ``rows`` bound as both past and present.

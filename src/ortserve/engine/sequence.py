@@ -30,9 +30,11 @@ class Sequence:
     first_token_at: float | None = None
     started_at: float | None = None
     cached: int = 0                 # tokens of prefix() held in its KV row
+    reused: int = 0                 # prompt tokens its KV row started with, copied, not computed
     preempted: int = 0              # times it gave its row back under KV pressure
     aborted: bool = False
     finished: bool = False
+    reason: str | None = None       # its finish reason, once finished
     logprobs: list[tuple[int, float, list[tuple[int, float]]]] = field(default_factory=list)  # not yet emitted
     guide: Guide | None = None      # grammar state when the output is constrained (engine/guidance.py)
 
@@ -73,4 +75,4 @@ class Sequence:
             tpot=decode_time / (n_out - 1) if n_out > 1 else None, total_latency=total,
             tokens_per_second=n_out / total if total > 0 else 0.0,
             output_tokens_per_second=(n_out - 1) / decode_time if n_out > 1 and decode_time > 0 else 0.0,
-            queue_time=(self.started_at or end) - self.arrival)
+            queue_time=(self.started_at or end) - self.arrival, cached_tokens=self.reused)

@@ -13,18 +13,43 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from ortserve.engine.core import EngineCrash
+from ortserve.engine.loop import EngineCrash
 
-if TYPE_CHECKING:
-    from ortserve.engine.engine import AsyncEngine
+
+class WatchedCore(Protocol):
+    """What the watchdog reads of an engine loop (engine/loop.py ``EngineThread``)."""
+
+    died: str | None
+
+    @property
+    def alive(self) -> bool: ...
+
+    def stalled_for(self) -> float: ...
+
+    def kill(self, exc: BaseException | None = None) -> None: ...
+
+    def fail_all(self, message: str, code: str | None = None) -> None: ...
+
+
+class Watched(Protocol):
+    """What the watchdog needs of an engine (``AsyncEngine``): its loop, a place to say why it
+    cannot serve, and a way to start a fresh loop with the model reloaded."""
+
+    problem: str | None
+
+    @property
+    def core(self) -> WatchedCore: ...
+
+    def reload(self) -> None: ...
+
 
 log = logging.getLogger("ortserve.engine")
 
 
 class Watchdog:
-    def __init__(self, engine: AsyncEngine, *, stall_timeout: float, interval: float = 0.25) -> None:
+    def __init__(self, engine: Watched, *, stall_timeout: float, interval: float = 0.25) -> None:
         self.engine = engine
         self.stall_timeout = stall_timeout
         self.interval = interval
@@ -73,7 +98,7 @@ class Watchdog:
         engine.problem = f"{reason}; restarting"
         log.error("%s: restarting the engine with the model reloaded", reason)
         old = engine.core
-        old.crash = EngineCrash("abandoned by the watchdog")  # a stalled thread exits when its step returns
+        old.kill(EngineCrash("abandoned by the watchdog"))  # a stalled thread exits when its step returns
         # The old thread is dead or stuck inside a model call: it touches its queues again only
         # after the call returns, and then exits at the top of its loop.
         old.fail_all(f"the engine failed ({reason}) and is restarting; retry the request",
