@@ -322,6 +322,7 @@ class EngineCore(EngineThread):
             return
         text = seq.tail() if reason in ("stop", "length") else ""
         seq.finished = True
+        seq.reason = reason
         self.faults.pop(seq.id, None)
         seq.sink(TokenEvent(request_id=seq.id, text=text, finished=True, finish_reason=reason,
                             metrics=seq.metrics(), error=error, error_code=code, logprobs=self._take_logprobs(seq)))
