@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 from servers import ServerThread
 
-from ortserve.server.routes_ui import percentiles
+from ortserve.server.api.ui import percentiles
 
 LIMIT = 300 * 1024
 

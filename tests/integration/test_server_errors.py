@@ -83,7 +83,8 @@ def test_context_length_exceeded_before_streaming(srv: ServerThread) -> None:
         err = assert_error(r, 400, "messages", "context_length_exceeded")
         assert "512" in err["message"]
     err = assert_error(post(srv, "/v1/chat/completions", {"messages": MSG, "max_tokens": 256,
-                                                          "max_completion_tokens": 600}), 400, "max_tokens")
+                                                          "max_completion_tokens": 600}), 400,
+                       "max_completion_tokens")  # the field the client sent names the error
 
 
 def test_body_too_large(srv: ServerThread) -> None:

@@ -50,6 +50,7 @@ class StopMatcher:
         self.hold = max((len(s) for s in stops), default=1) - 1
         self.buffer = ""
         self.stopped = False
+        self.matched: str | None = None  # the stop string that ended the output
 
     def feed(self, delta: str) -> str:
         if not self.stops:
@@ -58,6 +59,7 @@ class StopMatcher:
         cut = min((i for i in (self.buffer.find(s) for s in self.stops) if i >= 0), default=-1)
         if cut >= 0:
             self.stopped = True
+            self.matched = min((self.buffer.find(s), s) for s in self.stops if s in self.buffer)[1]
             out, self.buffer = self.buffer[:cut], ""
             return out
         if len(self.buffer) <= self.hold:

@@ -116,7 +116,7 @@ class ChatRequest:
     model: str | None = None
     provider: str | None = None
     request_id: str | None = None
-    # OpenAI's fields, already checked (server/routes_routed.py); each provider carries them in its protocol
+    # OpenAI's fields, already checked (server/routed.py); each provider carries them in its protocol
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None

@@ -172,7 +172,7 @@ class LocalProvider:
                     started = True
                     yield Delta(ev.text, logprobs=lp)
                 elif parser is not None:  # tool calls: arguments go out as they are generated
-                    from ortserve.server.structured import delta_of
+                    from ortserve.providers.structured import delta_of
 
                     for d in parser.feed(ev.text) + (parser.finish() if ev.finished else []):
                         if d.index >= 0 or d.content:
@@ -202,17 +202,17 @@ def _logprobs(engine: Any, ev: Any) -> list[dict[str, Any]] | None:
     """The engine's (token, logprob, alternatives) as OpenAI logprobs.content entries."""
     if not ev.logprobs:
         return None
-    from ortserve.server.structured import chat_logprobs
+    from ortserve.providers.structured import chat_logprobs
 
     return chat_logprobs(engine.codec, ev.logprobs)["content"]  # type: ignore[index]
 
 
 def _constrained(engine: Any, request: ChatRequest) -> tuple[SamplingParams, dict[str, Any], Any]:
-    """The request's tools/response_format as the engine's grammar (server/structured.py, as on the
+    """The request's tools/response_format as the engine's grammar (providers/structured.py, as on the
     local route): (params, submit keywords, the tool plan or None)."""
     if request.tools is None and request.tool_choice is None and request.response_format is None:
         return request.params, {}, None
-    from ortserve.server.structured import constrain, plan_tools, response_constraint
+    from ortserve.providers.structured import constrain, plan_tools, response_constraint
 
     plan = plan_tools(SimpleNamespace(functions=None, function_call=None, tools=request.tools,
                                       tool_choice=request.tool_choice,

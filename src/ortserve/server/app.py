@@ -9,6 +9,7 @@ import logging
 import math
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
@@ -28,15 +29,17 @@ from ortserve.errors import (
     Unauthorized,
     Unavailable,
 )
-from ortserve.server import (
-    routes_admin,
-    routes_embeddings,
-    routes_files,
-    routes_openai,
-    routes_seed,
-    routes_ui,
-    routes_vector_stores,
-)
+from ortserve.server.api import admin as routes_admin
+from ortserve.server.api import anthropic_messages as routes_messages
+from ortserve.server.api import embeddings as routes_embeddings
+from ortserve.server.api import files as routes_files
+from ortserve.server.api import models as routes_models
+from ortserve.server.api import openai_chat as routes_openai
+from ortserve.server.api import openai_completions as routes_completions
+from ortserve.server.api import openai_responses as routes_responses
+from ortserve.server.api import seed as routes_seed
+from ortserve.server.api import ui as routes_ui
+from ortserve.server.api import vector_stores as routes_vector_stores
 from ortserve.server.manager import ModelManager
 from ortserve.server.sse import ClientDisconnected, SSEPings
 from ortserve.server.state import ServerState
@@ -44,15 +47,20 @@ from ortserve.telemetry import Telemetry, TelemetryMiddleware, span_of
 
 log = logging.getLogger("ortserve.server")
 KNOWN_ROUTES = {"/healthz", "/metrics", "/v1/chat", "/v1/chat/stream", "/v1/chat/completions",
-                "/v1/completions", "/v1/models", "/v1/admin/ps", "/v1/admin/load", "/v1/admin/unload",
+                "/v1/completions", "/v1/responses", "/v1/messages", "/v1/models", "/v1/admin/ps", "/v1/admin/load", "/v1/admin/unload",
                 "/v1/embeddings", "/v1/files", "/v1/vector_stores"}
 
 
-def error_response(err: OrtServeError, headers: dict[str, str] | None = None) -> JSONResponse:
+def error_body(err: OrtServeError, path: str = "") -> dict[str, Any]:
+    """The error in the shape of the API the path belongs to: Anthropic's on /v1/messages, else OpenAI's."""
+    return routes_messages.anthropic_error(err) if routes_messages.is_messages_path(path) else err.to_openai()
+
+
+def error_response(err: OrtServeError, headers: dict[str, str] | None = None, path: str = "") -> JSONResponse:
     headers = dict(headers or {})
     if err.status == 429 or err.retry_after is not None:
         headers["Retry-After"] = str(math.ceil(err.retry_after or 1))
-    return JSONResponse(err.to_openai(), status_code=err.status, headers=headers or None)
+    return JSONResponse(error_body(err, path), status_code=err.status, headers=headers or None)
 
 
 def http_error(req: Request, exc: StarletteHTTPException) -> OrtServeError:
@@ -109,6 +117,8 @@ def create_app(settings: Settings, *, engine: AsyncEngine | None = None, model_d
                 loader.cancel()
             if state.router is not None:
                 await state.router.aclose()
+            if state.responses is not None:
+                state.responses.close()
             await state.manager.close()  # type: ignore[union-attr]
             if state.telemetry is not None:
                 state.telemetry.shutdown()
@@ -116,7 +126,11 @@ def create_app(settings: Settings, *, engine: AsyncEngine | None = None, model_d
     app = FastAPI(title="ortserve", version="0.1.0", lifespan=lifespan)
     app.state.ortserve = state
     app.include_router(routes_seed.router)
+    app.include_router(routes_models.router)
     app.include_router(routes_openai.router)
+    app.include_router(routes_completions.router)
+    app.include_router(routes_responses.router)
+    app.include_router(routes_messages.router)
     app.include_router(routes_admin.router)
     app.include_router(routes_embeddings.router)
     app.include_router(routes_files.router)
@@ -125,8 +139,8 @@ def create_app(settings: Settings, *, engine: AsyncEngine | None = None, model_d
         app.include_router(routes_ui.router)
 
     @app.exception_handler(OrtServeError)
-    async def _ortserve_error(_req: Request, err: OrtServeError) -> JSONResponse:
-        return error_response(err)
+    async def _ortserve_error(req: Request, err: OrtServeError) -> JSONResponse:
+        return error_response(err, path=req.url.path)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(req: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -134,11 +148,11 @@ def create_app(settings: Settings, *, engine: AsyncEngine | None = None, model_d
         if exc.status_code == 405:
             headers = {k: v for k, v in headers.items() if k.lower() != "allow"}
             headers["Allow"] = ", ".join(allowed_methods(req))
-        return error_response(http_error(req, exc), headers=headers)
+        return error_response(http_error(req, exc), headers=headers, path=req.url.path)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation_error(_req: Request, err: RequestValidationError) -> JSONResponse:
-        return error_response(validation_to_error(err))
+    async def _validation_error(req: Request, err: RequestValidationError) -> JSONResponse:
+        return error_response(validation_to_error(err), path=req.url.path)
 
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["*"],
@@ -220,20 +234,21 @@ class GuardMiddleware:
         path = scope.get("path", "")
         headers = {k.decode().lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         if self.state.draining and path != "/healthz":
-            await _send(send, Unavailable("the server is shutting down"))
+            await _send(send, path, Unavailable("the server is shutting down"))
             return
         public = path == "/healthz" or (settings.ui and routes_ui.is_public(path, scope.get("method", "")))
         if settings.api_key and not public and scope.get("method") != "OPTIONS":
             given = headers.get("authorization", "")
-            token = given[7:] if given.lower().startswith("bearer ") else ""
+            # Anthropic's clients send the key as x-api-key; it counts like the bearer token
+            token = given[7:] if given.lower().startswith("bearer ") else headers.get("x-api-key", "")
             if not hmac.compare_digest(token.encode(), settings.api_key.encode()):
-                await _send(send, Unauthorized("missing or wrong API key (Authorization: Bearer ...)"))
+                await _send(send, path, Unauthorized("missing or wrong API key (Authorization: Bearer ...)"))
                 return
         # uploads (POST /v1/files) have their own, larger limit (docs/rag.md)
         limit = settings.max_upload_bytes + 65536 if path == "/v1/files" else settings.max_body_bytes
         length = headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > limit:
-            await _send(send, PayloadTooLarge(f"request body of {length} bytes exceeds the limit of {limit}"))
+            await _send(send, path, PayloadTooLarge(f"request body of {length} bytes exceeds the limit of {limit}"))
             return
         received = 0
         status = 500
@@ -257,7 +272,7 @@ class GuardMiddleware:
             await self.app(scope, limited_receive, counting_send)
         except _TooLarge as exc:
             status = 413
-            await _send(send, PayloadTooLarge(exc.detail))
+            await _send(send, path, PayloadTooLarge(exc.detail))
         except ClientDisconnected:
             # The client left a non-streaming request: the engine work was aborted; nobody is
             # there to answer. Counted (and traced) as a cancel, 499, not as a server error.
@@ -275,10 +290,10 @@ class _TooLarge(HTTPException):
     becomes a 400), so a chunked body over the limit reaches the 413 handler."""
 
 
-async def _send(send: Send, err: OrtServeError) -> None:
+async def _send(send: Send, path: str, err: OrtServeError) -> None:
     import json
 
-    body = json.dumps(err.to_openai()).encode()
+    body = json.dumps(error_body(err, path)).encode()
     await send({"type": "http.response.start", "status": err.status,
                 "headers": [(b"content-type", b"application/json"),
                             (b"content-length", str(len(body)).encode())]})

@@ -116,6 +116,10 @@ class ModelManager:
     async def get(self, name: str | None, *, kind: str = "chat", keep_alive: Any = None) -> Any:
         """The started object for ``name``: loaded on first use, waited for while loading."""
         slot = await self.slot_for(name, kind=kind)
+        if slot.kind != kind:  # e.g. an embedding model's id on a chat route
+            where = "/v1/embeddings" if slot.kind == "embedding" else "the chat routes"
+            raise InvalidRequest(f"'{name}' is a {slot.kind} model, not a {kind} model; it is served on {where}",
+                                 param="model", code="model_not_supported")
         ka = parse_keep_alive(keep_alive)
         if ka is not None and not slot.pinned:
             slot.keep_alive = ka

@@ -241,7 +241,7 @@ class ChatCompletionRequest(_Sampling):
     metadata: dict[str, Any] | None = None  # routing hints (privacy, local_only, complexity...)
     store: bool | None = None
     modalities: list[str] | None = None
-    response_format: dict[str, Any] | None = None  # text | json_object | json_schema (server/structured.py)
+    response_format: dict[str, Any] | None = None  # text | json_object | json_schema (providers/structured.py)
     tools: list[Any] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None

@@ -22,6 +22,7 @@ class Answer:
     finish_reason: str
     metrics: Metrics
     logprobs: list[Any] | None = None  # per token, when asked (TokenEvent.logprobs)
+    stop_sequence: str | None = None  # the stop string that ended it (TokenEvent.stop_sequence)
 
 
 def submit_n(engine: AsyncEngine, n: int, params: SamplingParams, **kw: object) -> list[RequestHandle]:
@@ -60,7 +61,7 @@ async def collect(handle: RequestHandle) -> Answer:
             logprobs = (logprobs or []) + ev.logprobs
         if ev.finished:
             return Answer("".join(parts), ev.finish_reason or "stop", ev.metrics,  # type: ignore[arg-type]
-                          logprobs)
+                          logprobs, ev.stop_sequence)
     raise GenerationFailed("generation ended without a result")  # pragma: no cover
 
 

@@ -169,3 +169,8 @@ async def merge(*streams: AsyncIterator[T]) -> AsyncIterator[tuple[int, T]]:
     finally:
         for t in tasks:
             t.cancel()
+
+
+def sse_event(event: str, data: dict[str, Any]) -> str:
+    """A named event (``event:`` line), as the Responses and Messages APIs stream them."""
+    return f"event: {event}\n" + sse(data)

@@ -26,6 +26,7 @@ class ServerState:
     telemetry: Any = None
     manager: ModelManager | None = None
     embedder: Any = None       # server/embed_holder.EmbeddingHolder (issue 16), until the manager adopts it
+    responses: Any = None      # server/responses_store.ResponseStore: stored Responses API answers, opened lazily
     rag: Any = None            # rag/index.RagStore: files and vector stores (issue 16)
 
     def record(self, span: Any, metrics: Any, finish_reason: str | None) -> None:
@@ -58,3 +59,8 @@ class ServerState:
             return default
         engine: AsyncEngine = await self.manager.get(model, keep_alive=keep_alive)
         return engine
+
+
+def state_of(request: Any) -> ServerState:
+    """The server's state from a route's request (set on the app by create_app)."""
+    return request.app.state.ortserve  # type: ignore[no-any-return]

@@ -1,6 +1,6 @@
 """The web page's static files: chat (index.html), dashboard, and the vendored libraries.
 
-Served by ortserve.server.routes_ui; nothing here is fetched from the network at run time.
+Served by ortserve.server.api.ui; nothing here is fetched from the network at run time.
 `vendor.py` re-vendors the libraries from npm (maintainers only).
 """
 

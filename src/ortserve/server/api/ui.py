@@ -17,7 +17,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from ortserve.errors import NotFound
-from ortserve.server.routes_seed import state_of
+from ortserve.server.state import state_of
 from ortserve.ui import PAGES, Asset, load_assets
 
 router = APIRouter()

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ortserve.errors import InvalidRequest, Unavailable
 from ortserve.server.manager import ModelManager, parse_keep_alive
-from ortserve.server.routes_seed import state_of
+from ortserve.server.state import state_of
 
 router = APIRouter()
 

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ortserve.errors import InvalidRequest
-from ortserve.server.routes_seed import state_of
+from ortserve.server.state import state_of
 
 router = APIRouter()
 MAX_INPUTS = 2048

@@ -14,7 +14,7 @@ from ortserve.rag.index import RagStore
 from ortserve.rag.ingest import safe_filename
 from ortserve.rag.jobs import IngestWorker
 from ortserve.server.pagination import page
-from ortserve.server.routes_seed import state_of
+from ortserve.server.state import state_of
 
 router = APIRouter()
 PURPOSES = ("assistants", "user_data")

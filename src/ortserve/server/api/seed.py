@@ -11,18 +11,14 @@ from fastapi.responses import JSONResponse, Response
 
 from ortserve.engine import RequestHandle
 from ortserve.models.sampling import defaults_for
+from ortserve.providers.structured import constrain, response_constraint
 from ortserve.server.protocol import SeedChatRequest
 from ortserve.server.service import collect
 from ortserve.server.sse import SSE_HEADERS, EventStream, sse, unless_disconnected
-from ortserve.server.state import ServerState
-from ortserve.server.structured import constrain, response_constraint
+from ortserve.server.state import ServerState, state_of
 from ortserve.telemetry import span_of
 
 router = APIRouter()
-
-
-def state_of(request: Request) -> ServerState:
-    return request.app.state.ortserve  # type: ignore[no-any-return]
 
 
 @router.get("/healthz")

@@ -16,9 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ortserve.errors import InvalidRequest
 from ortserve.rag.ingest import DEFAULT_CHUNK_TOKENS, DEFAULT_OVERLAP_TOKENS
+from ortserve.server.api.files import locked, rag_of
 from ortserve.server.pagination import page
-from ortserve.server.routes_files import locked, rag_of
-from ortserve.server.routes_seed import state_of
+from ortserve.server.state import state_of
 
 router = APIRouter()
 POLL_AFTER_MS = 200

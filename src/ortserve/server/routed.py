@@ -17,11 +17,11 @@ from fastapi.responses import JSONResponse
 
 from ortserve.errors import InvalidRequest, OrtServeError
 from ortserve.providers.base import ChatRequest, Delta, Hints
+from ortserve.providers.structured import plan_tools, response_constraint
 from ortserve.router.router import ChatResult, RouteStart
 from ortserve.server.protocol import ChatCompletionRequest
 from ortserve.server.sse import SSE_HEADERS, EventStream, sse, unless_disconnected
 from ortserve.server.state import ServerState
-from ortserve.server.structured import plan_tools, response_constraint
 
 
 def wants_router(st: ServerState, model: str | None, served: str) -> bool:

@@ -1,0 +1,261 @@
+"""Anthropic's Messages API: POST /v1/messages and /v1/messages/count_tokens.
+
+What Claude Code and anything built on the anthropic SDK speak. Content blocks (text, tool_use,
+tool_result) become the internal chat turn (server/conversation.py), and its events come back as
+content blocks, streamed with Anthropic's event sequence. Errors use Anthropic's shape
+(``{"type": "error", "error": {"type", "message"}}``, see ``anthropic_error``), and the
+``x-api-key`` header is honoured like the bearer token (server/app.py).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any, ClassVar
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from pydantic import Field
+
+from ortserve.errors import InvalidRequest, OrtServeError
+from ortserve.server.conversation import (
+    CallArguments,
+    CallStart,
+    ChatTurn,
+    Conversation,
+    Finished,
+    TextDelta,
+    Usage,
+    error_of,
+)
+from ortserve.server.protocol import _Contract
+from ortserve.server.sse import SSE_HEADERS, EventStream, sse_event
+from ortserve.server.state import ServerState, state_of
+from ortserve.telemetry import span_of
+
+router = APIRouter()
+
+STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+               404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
+               503: "overloaded_error", 529: "overloaded_error"}
+
+
+def anthropic_error(err: OrtServeError) -> dict[str, Any]:
+    """An ortserve error in Anthropic's shape (the field it names goes in the message)."""
+    kind = ERROR_TYPES.get(err.status, "invalid_request_error" if err.status < 500 else "api_error")
+    where = f" (field: {err.param})" if err.param and err.param not in err.message else ""
+    return {"type": "error", "error": {"type": kind, "message": err.message + where}}
+
+
+def is_messages_path(path: str) -> bool:
+    return path.startswith("/v1/messages")
+
+
+class MessagesRequest(_Contract):
+    model: str
+    max_tokens: int = Field(ge=1)
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    system: str | list[dict[str, Any]] | None = None
+    stop_sequences: list[str] | None = None
+    stream: bool = False
+    temperature: float | None = Field(None, ge=0, le=1)
+    top_p: float | None = None
+    top_k: int | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = None   # user_id: for abuse tracking at Anthropic; no local meaning
+    thinking: dict[str, Any] | None = None
+    IGNORED: ClassVar[frozenset[str]] = frozenset({"service_tier"})
+    REFUSED: ClassVar[dict[str, str]] = {"container": "code execution containers are not supported",
+                                         "mcp_servers": "MCP servers are not supported",
+                                         "context_management": "not supported"}
+
+
+class CountRequest(_Contract):
+    model: str
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    system: str | list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: dict[str, Any] | None = None
+    thinking: dict[str, Any] | None = None
+
+
+def _text(blocks: Any, where: str) -> str:
+    if isinstance(blocks, str):
+        return blocks
+    out = []
+    for j, b in enumerate(blocks or []):
+        if not isinstance(b, dict) or b.get("type") != "text" or not isinstance(b.get("text"), str):
+            raise InvalidRequest(f"'{where}.{j}' must be a text block", param=f"{where}.{j}")
+        out.append(b["text"])
+    return "".join(out)
+
+
+def messages_of(body: MessagesRequest | CountRequest) -> list[dict[str, Any]]:
+    """Content blocks as plain chat messages: tool_use -> tool_calls, tool_result -> tool messages."""
+    out: list[dict[str, Any]] = [{"role": "system", "content": _text(body.system, "system")}] if body.system else []
+    for i, m in enumerate(body.messages):
+        role, content = m.get("role"), m.get("content")
+        if role not in ("user", "assistant"):
+            raise InvalidRequest(f"'messages.{i}.role' must be 'user' or 'assistant'", param=f"messages.{i}.role")
+        if isinstance(content, str):
+            out.append({"role": role, "content": content})
+            continue
+        if not isinstance(content, list):
+            raise InvalidRequest(f"'messages.{i}.content' must be a string or a list of blocks",
+                                 param=f"messages.{i}.content")
+        text, calls = [], []
+        for j, b in enumerate(content):
+            where = f"messages.{i}.content.{j}"
+            kind = b.get("type") if isinstance(b, dict) else None
+            if kind == "text" and isinstance(b.get("text"), str):
+                text.append(b["text"])
+            elif kind == "tool_use" and role == "assistant":
+                calls.append({"id": b.get("id"), "type": "function",
+                              "function": {"name": b.get("name"), "arguments": json.dumps(b.get("input", {}))}})
+            elif kind == "tool_result" and role == "user":
+                result = _text(b.get("content", ""), f"{where}.content")
+                out.append({"role": "tool", "tool_call_id": b.get("tool_use_id"),
+                            "content": ("Error: " + result) if b.get("is_error") else result})
+            elif kind in ("thinking", "redacted_thinking"):
+                continue  # another model's thinking: not part of these models' templates
+            else:
+                raise InvalidRequest(f"'{where}.type' {kind!r} is not supported here (text, tool_use in assistant "
+                                     "turns, tool_result in user turns)", param=f"{where}.type")
+        if text or calls or not content:
+            msg: dict[str, Any] = {"role": role, "content": "".join(text)}
+            if calls:
+                msg["tool_calls"] = calls
+            out.append(msg)
+    return out
+
+
+def tools_of(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    if tools is None:
+        return None
+    out = []
+    for i, t in enumerate(tools):
+        if not isinstance(t, dict) or "input_schema" not in t:
+            kind = t.get("type") if isinstance(t, dict) else None
+            raise InvalidRequest(f"'tools.{i}' must be a custom tool with 'name' and 'input_schema' (server tools "
+                                 f"such as {kind!r} are not supported offline)", param=f"tools.{i}")
+        out.append({"type": "function", "function": {"name": t.get("name"), "description": t.get("description", ""),
+                                                      "parameters": t["input_schema"]}})
+    return out
+
+
+def choice_of(choice: dict[str, Any] | None) -> tuple[Any, bool | None]:
+    """Anthropic tool_choice -> (OpenAI tool_choice, parallel_tool_calls)."""
+    if choice is None:
+        return None, None
+    kind = choice.get("type")
+    parallel = False if choice.get("disable_parallel_tool_use") else None
+    if kind == "auto":
+        return "auto", parallel
+    if kind == "any":
+        return "required", parallel
+    if kind == "none":
+        return "none", None
+    if kind == "tool":
+        return {"type": "function", "function": {"name": choice.get("name")}}, parallel
+    raise InvalidRequest("'tool_choice.type' must be auto, any, tool or none", param="tool_choice.type")
+
+
+def _check(st: ServerState, body: MessagesRequest | CountRequest) -> None:
+    if body.thinking is not None and body.thinking.get("type") != "disabled":
+        raise InvalidRequest("extended thinking is not supported by the served models", param="thinking")
+    if st.router is not None and body.model != st.served_id and st.router.handles(body.model):
+        raise InvalidRequest(f"'model' {body.model!r} is a router model; the router serves /v1/chat/completions",
+                             param="model")
+
+
+def turn_of(body: MessagesRequest) -> ChatTurn:
+    choice, parallel = choice_of(body.tool_choice)
+    tools = tools_of(body.tools)
+    if tools is None and choice is not None:
+        choice, parallel = None, None  # Anthropic allows tool_choice without tools; it means nothing then
+    return ChatTurn(messages=messages_of(body), model=body.model, max_tokens=body.max_tokens,
+                    sampling={"temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k,
+                              "stop": body.stop_sequences},
+                    tools=tools, tool_choice=choice, parallel_tool_calls=parallel,
+                    names={"stop": "stop_sequences"})
+
+
+def usage_of(u: Usage) -> dict[str, Any]:
+    return {"input_tokens": u.prompt_tokens - u.cached_tokens, "output_tokens": u.completion_tokens,
+            "cache_read_input_tokens": u.cached_tokens, "cache_creation_input_tokens": 0}
+
+
+@router.post("/v1/messages", response_model=None)
+async def create_message(body: MessagesRequest, request: Request) -> Any:
+    st = state_of(request)
+    st.ready_engine()
+    _check(st, body)
+    conv = await Conversation.start(st, turn_of(body), span_of(request))
+    mid = f"msg_{uuid.uuid4().hex[:24]}"
+    if body.stream:
+        return EventStream(_events(conv, mid), media_type="text/event-stream", headers={**SSE_HEADERS, **conv.headers})
+    [c] = await conv.choices(request)
+    content: list[dict[str, Any]] = [{"type": "text", "text": c.text}] if c.text or not c.tool_calls else []
+    content += [{"type": "tool_use", "id": t.id, "name": t.name, "input": json.loads(t.arguments)}
+                for t in c.tool_calls]
+    stop = "stop_sequence" if c.stop_sequence else STOP.get(c.finish_reason, "end_turn")
+    return JSONResponse({"id": mid, "type": "message", "role": "assistant", "model": conv.model, "content": content,
+                         "stop_reason": stop, "stop_sequence": c.stop_sequence,
+                         "usage": usage_of(conv.usage([c.metrics]))}, headers=conv.headers)
+
+
+async def _events(conv: Conversation, mid: str) -> AsyncIterator[str]:
+    def event(kind: str, **data: Any) -> str:
+        return sse_event(kind, {"type": kind, **data})
+
+    start_usage = {**usage_of(Usage(conv.prompt_tokens, 0)), "output_tokens": 1}
+    yield event("message_start", message={"id": mid, "type": "message", "role": "assistant", "model": conv.model,
+                                          "content": [], "stop_reason": None, "stop_sequence": None,
+                                          "usage": start_usage})
+    block, kind = -1, None  # the open content block
+    blocks: dict[int, int] = {}  # tool call index -> block index
+    try:
+        async for ev in conv.events():
+            if isinstance(ev, TextDelta):
+                if kind != "text":
+                    if kind is not None:
+                        yield event("content_block_stop", index=block)
+                    block, kind = block + 1, "text"
+                    yield event("content_block_start", index=block, content_block={"type": "text", "text": ""})
+                yield event("content_block_delta", index=block, delta={"type": "text_delta", "text": ev.text})
+            elif isinstance(ev, CallStart):
+                if kind is not None:
+                    yield event("content_block_stop", index=block)
+                block, kind = block + 1, "tool_use"
+                blocks[ev.index] = block
+                yield event("content_block_start", index=block,
+                            content_block={"type": "tool_use", "id": ev.id, "name": ev.name, "input": {}})
+            elif isinstance(ev, CallArguments) and ev.arguments:
+                yield event("content_block_delta", index=blocks[ev.index],
+                            delta={"type": "input_json_delta", "partial_json": ev.arguments})
+            elif isinstance(ev, Finished):
+                if kind is not None:
+                    yield event("content_block_stop", index=block)
+                stop = "stop_sequence" if ev.stop_sequence else STOP.get(ev.finish_reason, "end_turn")
+                yield event("message_delta", delta={"stop_reason": stop, "stop_sequence": ev.stop_sequence},
+                            usage={"output_tokens": ev.metrics.output_tokens})
+                yield event("message_stop")
+    except Exception as exc:  # noqa: BLE001 - once streaming has started the error goes in the stream
+        yield sse_event("error", anthropic_error(error_of(exc)))
+
+
+@router.post("/v1/messages/count_tokens")
+async def count_tokens(body: CountRequest, request: Request) -> Any:
+    st = state_of(request)
+    st.ready_engine()
+    _check(st, body)
+    engine = await st.engine_for(body.model)
+    from ortserve.engine.tools import parse_tools
+
+    tools = parse_tools(tools_of(body.tools)) if body.tools else None
+    choice, _ = choice_of(body.tool_choice)
+    ids, _ = engine.prepare(messages=messages_of(body), tools=tools if choice != "none" else None)
+    return {"input_tokens": len(ids)}
