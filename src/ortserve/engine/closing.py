@@ -91,6 +91,7 @@ class JsonScan:
             elif ch == '"':
                 self.in_str = True
                 self.key = bool(self.stack) and self.stack[-1] == "{" and self.need in (0, 4)
+                self.need = 0
             elif ch in "{[":
                 self.stack.append(ch)
                 self.need = 0
