@@ -168,6 +168,13 @@ def test_whitespace_runs_inside_json_are_capped(guidance: Guidance) -> None:
     assert _text(guidance, out).endswith(" " * WS_RUN) and " " * (WS_RUN + 2) not in _text(guidance, out)
 
 
+def test_whitespace_a_schema_allows_between_tokens_is_capped_too(guidance: Guidance) -> None:
+    schema = {"type": "object", "x-guidance": {"whitespace_flexible": True}}
+    guide = guidance.guide(replace_max(Constraint.json_schema(schema), 200))
+    out, reason = _walk(guidance, guide, 200, 0, script=_ids(guidance, "{" + "\n" * (WS_RUN + 4)))
+    assert reason == "refused" and _text(guidance, out).count("\n") in range(WS_RUN, WS_RUN + 2)
+
+
 def test_json_without_a_budget_is_left_alone(guidance: Guidance) -> None:
     guide = guidance.guide(Constraint.json_schema({"type": "object"}))
     out, _ = _walk(guidance, guide, 30, 0)
