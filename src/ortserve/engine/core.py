@@ -1,16 +1,11 @@
-"""The engine loop, in one thread: schedule -> run -> postprocess -> retire.
+"""The engine loop, in one thread: schedule -> prefill -> decode -> postprocess -> retire.
 
-Each step
-  * the scheduler (engine/scheduler.py) names sequences to preempt while decode growth would
-    pass the KV budget, the decode batch, and how many prompt tokens may be prefilled;
-  * the runner prefills: the sequence in progress first, then newly admitted ones, each
-    starting from the longest prefix of its tokens whose KV is already held (a cached prefix,
-    engine/prefix_cache.py, or a running row), so only the rest is computed; a long prompt
-    is prefilled in chunks over several steps, so running sequences keep decoding in between;
-  * the runner runs one batched decode step, and each sequence is postprocessed on its own
-    (sample, stream text);
-  * finished sequences give back their rows; the KV of those that finished whole is kept in
-    the prefix cache until the budget needs the room.
+Each step the scheduler (engine/scheduler.py) names the sequences to preempt, the decode
+batch and how many prompt tokens may be prefilled. The runner prefills, starting each new
+sequence from the longest prefix of its tokens whose KV is already held (engine/prefix_cache.py)
+and going in chunks between decode steps, then runs one batched decode step; each sequence is
+postprocessed on its own (sample, stream text). Finished sequences give back their rows, and
+the KV of those that finished whole is kept as a cached prefix until the budget needs the room.
 
 Failures stay with the request that caused them: a batched decode step that raises is
 retried row by row to find the culprit, and only that request ends with an error; a

@@ -29,6 +29,7 @@ class ServerMetrics:
         self.running = Gauge("ortserve_running_requests", "Requests generating", registry=r)
         self.tps = Gauge("ortserve_tokens_per_second", "Decode tokens per second (last 5 s)", registry=r)
         self._stats = stats
+        r.register(EngineCollector(lambda: self._stats() if self._stats is not None else None))
         # (wall time, ttft, tpot) of the latest generations: exact percentiles for the dashboard
         self.recent: deque[tuple[float, float | None, float | None]] = deque(maxlen=2048)
 
@@ -58,6 +59,38 @@ class ServerMetrics:
             self.running.set(s.running)
             self.tps.set(s.tokens_per_second)
         return generate_latest(self.registry)
+
+
+class EngineCollector:
+    """The engine's own counters (ortserve.types.EngineStats), read at scrape time: prompt tokens
+    computed and reused from the prefix cache, the cache's bytes and entries, and its evictions."""
+
+    SERIES = (  # (name, kind, EngineStats field, help)
+        ("ortserve_prompt_tokens_computed", "counter", "prompt_tokens_computed",
+         "Prompt tokens prefilled (recomputed after preemption included)"),
+        ("ortserve_prompt_tokens_cached", "counter", "prompt_tokens_reused",
+         "Prompt tokens whose KV was reused from the prefix cache or a running request"),
+        ("ortserve_prefix_cache_evictions", "counter", "prefix_cache_evictions",
+         "Cached prefixes dropped to make room in the KV budget"),
+        ("ortserve_prefix_cache_bytes", "gauge", "prefix_cache_bytes", "KV bytes the prefix cache holds"),
+        ("ortserve_prefix_cache_entries", "gauge", "prefix_cache_entries", "Prefixes the prefix cache holds"),
+    )
+
+    def __init__(self, stats: Callable[[], Any]) -> None:
+        self.stats = stats
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        s = self.stats()
+        for name, kind, attr, doc in self.SERIES:
+            value = getattr(s, attr, None)
+            if value is not None:  # engines without a prefix cache (or a fake one) report nothing
+                family = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
+                yield family(name, doc, value=float(value))
 
 
 class ModelCollector:
