@@ -101,3 +101,18 @@ def test_json_schema_closes_within_a_tight_budget(client: OpenAI, max_tokens: in
             response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": schema}})
         jsonschema.validate(json.loads(r.choices[0].message.content), schema)
         assert r.usage is not None and r.usage.completion_tokens <= max_tokens
+
+
+@pytest.mark.parametrize("max_tokens", [16, 20, 24])
+def test_a_call_cut_by_max_tokens_is_not_returned(client: OpenAI, max_tokens: int) -> None:
+    """A budget too small for the call: no call at all and "length", never a call that does not parse."""
+    seen = Counter()
+    for seed in range(4):
+        r = client.chat.completions.create(model="default", messages=ASK, tools=[WEATHER], tool_choice="required",
+                                           max_tokens=max_tokens, temperature=1, seed=seed)
+        ch = r.choices[0]
+        calls = _calls(ch)  # whatever is returned parses
+        assert (ch.finish_reason, bool(calls)) in (("tool_calls", True), ("length", False)), ch
+        seen[ch.finish_reason] += 1
+    if max_tokens == 16:
+        assert seen == {"length": 4}  # the envelope and name alone take most of 16 tokens

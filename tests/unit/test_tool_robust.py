@@ -212,6 +212,18 @@ def test_no_call_starts_that_the_budget_cannot_hold(guidance: Guidance) -> None:
     assert _text(guidance, out) == call + "\n" + call.replace("Paris", "Lyon")  # room for two: both
 
 
+def test_complete_arguments_without_room_for_the_tag_end_the_answer(guidance: Guidance) -> None:
+    call = call_text("get_weather", '{"city": "Paris"}')
+    ids = _ids(guidance, call)
+    tag = len(_ids(guidance, "}\n</tool_call>"))
+    out, reason = _walk(guidance, _tool_guide(guidance, len(ids) - 2), len(ids) - 2, 0, script=ids)
+    assert reason == "stop" and _text(guidance, out).endswith('"Paris"}') and len(out) >= len(ids) - tag
+    p = ToolCallParser()
+    p.feed(_text(guidance, out))
+    p.finish()
+    assert [c.arguments for c in p.calls] == ['{"city": "Paris"}']  # the call stands: "tool_calls"
+
+
 def test_random_tool_calls_parse_and_never_repeat(guidance: Guidance) -> None:
     for seed in range(20):
         out, reason = _walk(guidance, _tool_guide(guidance, 96), 96, seed)

@@ -5,7 +5,8 @@
   the answer is a complete value when the budget runs out (finish reason "length").
 * ``ToolBudget`` (a list of tool calls, engine/tools.py): a call that repeats an earlier one
   ends the answer (finish reason "stop"); after a call, another starts only if the tokens
-  left can hold one as long as the longest so far, else the end token is forced.
+  left can hold one as long as the longest so far, else the end token is forced; a call whose
+  arguments are complete but whose closing tag would not fit ends the answer there ("stop").
 * Both cap runs of whitespace inside JSON at ``WS_RUN`` characters, as llama.cpp's JSON
   grammar does: one-line JSON has no whitespace between tokens (engine/guidance.py), but a
   small model can still loop on spaces and newlines inside a string.
@@ -244,6 +245,8 @@ class ToolBudget(Policy):
         self.parser.feed(text)
         if self.parser.repeated:
             self.ended = True  # finish "stop": the API layer answers "tool_calls"
+        elif self.parser.in_envelope and len(matcher.compute_ff_tokens()) > self.left:
+            self.ended = True  # the arguments are complete, the closing tag would not fit: the call stands
         ended_call = bool(self.parser.calls) and matcher.is_accepting()
         if ended_call and not self._between:
             self.longest = max(self.longest, self.used - self._last_end)

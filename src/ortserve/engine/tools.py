@@ -258,6 +258,11 @@ class ToolCallParser:
         """Whether the text so far ends inside a call's arguments."""
         return self._state == "args"
 
+    @property
+    def in_envelope(self) -> bool:
+        """Whether the text so far ends after a call's arguments, before its closing tag."""
+        return self._state == "tail"
+
     def _step(self, out: list[Delta]) -> None:
         buf = self._buf
         if self._state == "start":
