@@ -11,6 +11,10 @@ one SQLite transaction (WAL, synchronous=FULL), after all the embedding work is 
 ``kill -9`` at any point leaves either the old state or the new one; a rerun of the same
 ingest finds what is missing (or changed, by SHA-256) and completes it. The dense index is a
 cache rebuilt from SQLite when the store's generation moves.
+
+``RagStore`` is this module (files, vector stores, ingestion) plus two mixins: search
+(``rag/retrieval.py``) and background processing (``rag/jobs.py``); the SQLite layout and the
+writer transaction they share are ``rag/schema.py``.
 """
 
 from __future__ import annotations
