@@ -60,7 +60,7 @@ def test_required_calls_parse_and_never_repeat_over_50_seeds(client: OpenAI) -> 
 
 
 def test_a_streamed_repeat_is_never_sent(client: OpenAI) -> None:
-    for seed in range(6):
+    for seed in range(4):
         args: dict[int, str] = {}
         names: dict[int, str] = {}
         finish = None
@@ -103,7 +103,7 @@ def test_json_schema_closes_within_a_tight_budget(client: OpenAI, max_tokens: in
         assert r.usage is not None and r.usage.completion_tokens <= max_tokens
 
 
-@pytest.mark.parametrize("max_tokens", [16, 20, 24])
+@pytest.mark.parametrize("max_tokens", [16, 24])
 def test_a_call_cut_by_max_tokens_is_not_returned(client: OpenAI, max_tokens: int) -> None:
     """A budget too small for the call: no call at all and "length", never a call that does not parse."""
     seen = Counter()
