@@ -214,3 +214,49 @@ def test_messages_errors_in_anthropic_shape(srv: ServerThread, claude: anthropic
     r = httpx.post(f"{srv.url}/v1/messages", json={"model": "nope-model", "max_tokens": 4,
                                                    "messages": [{"role": "user", "content": "hi"}]})
     assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
+
+
+def test_claude_code_request_shape(srv: ServerThread) -> None:
+    """The fields Claude Code 2.1 sends on every turn (captured from `claude -p`), each honoured."""
+    body = {"model": "default", "max_tokens": 32000, "stream": False, "metadata": {"user_id": "{\"device_id\":\"x\"}"},
+            "thinking": {"type": "adaptive"}, "output_config": {"effort": "high"},
+            "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+            "system": [{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}],
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "Say hello."}]},
+                         {"role": "system", "content": "Answer in English."}]}
+    r = httpx.post(f"{srv.url}/v1/messages?beta=true", json=body, headers={"x-api-key": "none"}, timeout=120)
+    assert r.status_code == 200, r.text
+    assert r.json()["content"][0]["text"].strip()
+    bad = httpx.post(f"{srv.url}/v1/messages", json={**body, "thinking": {"type": "enabled", "budget_tokens": 1024}})
+    assert bad.status_code == 400 and "thinking.type" in bad.json()["error"]["message"]
+    bad = httpx.post(f"{srv.url}/v1/messages", json={**body, "context_management": {"edits": [
+        {"type": "clear_tool_uses_20250919"}]}})
+    assert bad.status_code == 400 and "context_management.edits.0.type" in bad.json()["error"]["message"]
+
+
+def test_messages_structured_output(claude: anthropic.Anthropic) -> None:
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"],
+              "additionalProperties": False}
+    m = claude.messages.create(model="default", max_tokens=40, messages=[{"role": "user", "content": "A city?"}],
+                               extra_body={"output_config": {"format": {"type": "json_schema", "schema": schema}}})
+    jsonschema.validate(json.loads(m.content[0].text), schema)
+
+
+def test_codex_request_shape(oai: OpenAI) -> None:
+    """The fields Codex CLI 0.169 sends (captured from `codex exec`): namespaced tools, client_metadata,
+    reasoning, include reasoning.encrypted_content, store false, developer messages as content parts."""
+    ns = {"type": "namespace", "name": "weather_v1", "description": "Weather tools",
+          "tools": [{k: v for k, v in WEATHER.items() if k != "strict"}]}
+    r = oai.responses.create(model="default", tools=[ns], tool_choice="required", max_output_tokens=64,
+                             parallel_tool_calls=True, reasoning={"summary": "auto"}, store=False,
+                             include=["reasoning.encrypted_content"], prompt_cache_key="thread-1",
+                             extra_body={"client_metadata": {"thread_id": "t"}},
+                             input=[{"type": "message", "role": "developer",
+                                     "content": [{"type": "input_text", "text": "You call tools."}]},
+                                    {"type": "message", "role": "user",
+                                     "content": [{"type": "input_text", "text": ASK}]}])
+    call = next(o for o in r.output if o.type == "function_call")
+    assert call.name == "get_weather" and getattr(call, "namespace", None) == "weather_v1"
+    jsonschema.validate(json.loads(call.arguments), WEATHER_PARAMS)
+    with pytest.raises(NotFoundError):
+        oai.responses.retrieve(r.id)  # store: false keeps nothing

@@ -52,6 +52,9 @@ class ChatTurn:
     n: int = 1
     logprobs: int | None = None
     keep_alive: Any = None
+    # max_tokens is a ceiling, not a demand (Anthropic clients send 32000 to every model): cut it to
+    # the server's cap and to the room left in the context instead of refusing it
+    max_tokens_is_ceiling: bool = False
     # this API's name for an internal field, so a 400 names what the client sent
     names: dict[str, str] = field(default_factory=dict)
 
@@ -162,8 +165,13 @@ class Conversation:
         span.set(model=engine.model_id, provider="local", execution_provider=engine.model.choice.device)
         try:
             defaults = defaults_for(st.settings, engine.model.dir)
+            max_tokens = turn.max_tokens
+            if turn.max_tokens_is_ceiling and max_tokens is not None:
+                max_tokens = min(max_tokens, st.settings.max_tokens_cap)
             params = sampling.to_sampling_params(st.settings.default_max_tokens, st.settings.max_tokens_cap,
-                                                 turn.max_tokens, defaults)
+                                                 max_tokens, defaults)
+            if turn.max_tokens_is_ceiling:
+                params = replace(params, fit_context=True)
             headers = sampling.sampling_headers(params, defaults)
             plan = plan_tools(turn)
             params = constrain(engine, params, response_constraint(turn.response_format), plan)

@@ -67,10 +67,13 @@ class MessagesRequest(_Contract):
     tool_choice: dict[str, Any] | None = None
     metadata: dict[str, Any] | None = None   # user_id: for abuse tracking at Anthropic; no local meaning
     thinking: dict[str, Any] | None = None
+    # clear_thinking edits only: there is no thinking to clear (Claude Code sends one)
+    context_management: dict[str, Any] | None = None
+    # effort: the served models have no effort control (docs/agents.md); format: JSON output
+    output_config: dict[str, Any] | None = None
     IGNORED: ClassVar[frozenset[str]] = frozenset({"service_tier"})
     REFUSED: ClassVar[dict[str, str]] = {"container": "code execution containers are not supported",
-                                         "mcp_servers": "MCP servers are not supported",
-                                         "context_management": "not supported"}
+                                         "mcp_servers": "MCP servers are not supported"}
 
 
 class CountRequest(_Contract):
@@ -98,8 +101,12 @@ def messages_of(body: MessagesRequest | CountRequest) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = [{"role": "system", "content": _text(body.system, "system")}] if body.system else []
     for i, m in enumerate(body.messages):
         role, content = m.get("role"), m.get("content")
-        if role not in ("user", "assistant"):
-            raise InvalidRequest(f"'messages.{i}.role' must be 'user' or 'assistant'", param=f"messages.{i}.role")
+        if role not in ("user", "assistant", "system"):  # Claude Code sends system turns between messages
+            raise InvalidRequest(f"'messages.{i}.role' must be 'user', 'assistant' or 'system'",
+                                 param=f"messages.{i}.role")
+        if role == "system":
+            out.append({"role": "system", "content": _text(content, f"messages.{i}.content")})
+            continue
         if isinstance(content, str):
             out.append({"role": role, "content": content})
             continue
@@ -164,8 +171,19 @@ def choice_of(choice: dict[str, Any] | None) -> tuple[Any, bool | None]:
 
 
 def _check(st: ServerState, body: MessagesRequest | CountRequest) -> None:
-    if body.thinking is not None and body.thinking.get("type") != "disabled":
-        raise InvalidRequest("extended thinking is not supported by the served models", param="thinking")
+    # "adaptive" lets the model decide whether to think; these models never do, which it allows
+    if body.thinking is not None and body.thinking.get("type") not in ("disabled", "adaptive"):
+        raise InvalidRequest("extended thinking is not supported by the served models (thinking.type "
+                             "'disabled' or 'adaptive' only)", param="thinking.type")
+    if isinstance(body, MessagesRequest):
+        for i, edit in enumerate((body.context_management or {}).get("edits") or []):
+            if not str(edit.get("type", "")).startswith("clear_thinking"):
+                raise InvalidRequest(f"context edit {edit.get('type')!r} is not supported (clear_thinking only)",
+                                     param=f"context_management.edits.{i}.type")
+        extra = set(body.output_config or {}) - {"effort", "format"}
+        if extra:
+            raise InvalidRequest(f"'output_config.{min(extra)}' is not supported",
+                                 param=f"output_config.{min(extra)}")
     if st.router is not None and body.model != st.served_id and st.router.handles(body.model):
         raise InvalidRequest(f"'model' {body.model!r} is a router model; the router serves /v1/chat/completions",
                              param="model")
@@ -180,7 +198,18 @@ def turn_of(body: MessagesRequest) -> ChatTurn:
                     sampling={"temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k,
                               "stop": body.stop_sequences},
                     tools=tools, tool_choice=choice, parallel_tool_calls=parallel,
-                    names={"stop": "stop_sequences"})
+                    response_format=format_of(body.output_config), max_tokens_is_ceiling=True,
+                    names={"stop": "stop_sequences", "response_format": "output_config.format"})
+
+
+def format_of(config: dict[str, Any] | None) -> dict[str, Any] | None:
+    """output_config.format {type: json_schema, schema} as the internal response format."""
+    fmt = (config or {}).get("format")
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
+        raise InvalidRequest("'output_config.format.type' must be 'json_schema'", param="output_config.format.type")
+    return {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt.get("schema", {})}}
 
 
 def usage_of(u: Usage) -> dict[str, Any]:

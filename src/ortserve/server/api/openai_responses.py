@@ -65,7 +65,8 @@ class ResponsesRequest(_Contract):
     reasoning: dict[str, Any] | None = None
     truncation: Literal["disabled"] | None = None
     keep_alive: float | str | None = None  # ortserve extension, as on chat completions
-    IGNORED: ClassVar[frozenset[str]] = OPENAI_IGNORED | {"prompt_cache_retention"}
+    # client_metadata: a client's own ids (Codex sends its thread and installation ids); no local meaning
+    IGNORED: ClassVar[frozenset[str]] = OPENAI_IGNORED | {"prompt_cache_retention", "client_metadata"}
     REFUSED: ClassVar[dict[str, str]] = {
         "background": "background responses are not supported",
         "conversation": "conversations are not supported; use previous_response_id",
@@ -127,18 +128,35 @@ def messages_of(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def namespaces_of(tools: list[dict[str, Any]] | None) -> dict[str, str]:
+    """Function name -> its namespace, for the tools declared inside a ``namespace`` tool."""
+    return {f.get("name"): t.get("name") for t in tools or [] if isinstance(t, dict) and t.get("type") == "namespace"
+            for f in t.get("tools") or [] if isinstance(f, dict)}
+
+
+def flat(tools: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    """(where, tool) pairs with a namespace's functions in its place (the model sees plain functions)."""
+    out: list[tuple[str, dict[str, Any]]] = []
+    for i, t in enumerate(tools):
+        if isinstance(t, dict) and t.get("type") == "namespace":
+            out += [(f"tools.{i}.tools.{j}", f) for j, f in enumerate(t.get("tools") or [])]
+        else:
+            out.append((f"tools.{i}", t))
+    return out
+
+
 def tools_of(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
     if tools is None:
         return None
     out = []
-    for i, t in enumerate(tools):
+    for where, t in flat(tools):
         kind = t.get("type") if isinstance(t, dict) else None
         if kind in BUILT_IN:
             raise InvalidRequest(f"the built-in tool {kind!r} is not supported by ortserve (offline, no "
-                                 "hosted tools); declare a function tool instead", param=f"tools.{i}.type",
+                                 "hosted tools); declare a function tool instead", param=f"{where}.type",
                                  code="unsupported_parameter")
         if kind != "function":
-            raise InvalidRequest(f"'tools.{i}.type' must be 'function'", param=f"tools.{i}.type")
+            raise InvalidRequest(f"'{where}.type' must be 'function' or 'namespace'", param=f"{where}.type")
         out.append({"type": "function", "function": {k: t[k] for k in ("name", "description", "parameters")
                                                       if k in t}})
     return out
@@ -229,15 +247,16 @@ def message_item(text: str, status: str = "completed", mid: str | None = None) -
             status == "completed" else []}
 
 
-def call_item(call_id: str, name: str, arguments: str, status: str = "completed",
-              fid: str | None = None) -> dict[str, Any]:
-    return {"type": "function_call", "id": fid or f"fc_{uuid.uuid4().hex}", "call_id": call_id, "name": name,
+def call_item(call_id: str, name: str, arguments: str, status: str = "completed", fid: str | None = None,
+              namespace: str | None = None) -> dict[str, Any]:
+    item = {"type": "function_call", "id": fid or f"fc_{uuid.uuid4().hex}", "call_id": call_id, "name": name,
             "arguments": arguments, "status": status}
+    return {**item, "namespace": namespace} if namespace else item
 
 
-def output_of(c: Choice) -> list[dict[str, Any]]:
+def output_of(c: Choice, namespaces: dict[str, str]) -> list[dict[str, Any]]:
     items = [message_item(c.text)] if c.text or not c.tool_calls else []
-    return items + [call_item(t.id, t.name, t.arguments) for t in c.tool_calls]
+    return items + [call_item(t.id, t.name, t.arguments, namespace=namespaces.get(t.name)) for t in c.tool_calls]
 
 
 def history_after(body: ResponsesRequest, turn: ChatTurn, output: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -263,7 +282,7 @@ async def create_response(body: ResponsesRequest, request: Request) -> Any:
         return EventStream(_events(st, conv, shape, turn), media_type="text/event-stream",
                            headers={**SSE_HEADERS, **conv.headers})
     [c] = await conv.choices(request)
-    output = output_of(c)
+    output = output_of(c, namespaces_of(body.tools))
     resp = shape.response("incomplete" if c.finish_reason == "length" else "completed", output,
                           conv.usage([c.metrics]), c.finish_reason)
     if body.store:
@@ -316,7 +335,8 @@ async def _events(st: ServerState, conv: Conversation, shape: Shape, turn: ChatT
             elif isinstance(ev, CallStart):
                 for e in close_text():
                     yield e
-                item = call_item(ev.id, ev.name, "", status="in_progress")
+                item = call_item(ev.id, ev.name, "", status="in_progress",
+                                 namespace=namespaces_of(shape.body.tools).get(ev.name))
                 calls[ev.index] = item
                 output.append(item)
                 yield event("response.output_item.added", output_index=len(output) - 1, item=dict(item))
