@@ -29,6 +29,7 @@ import numpy as np
 
 from ortserve.errors import ModelError
 from ortserve.models import convert
+from ortserve.models.gguf_check import logit_check, logits, with_accuracy_level
 from ortserve.models.gguf_reader import (
     FLOAT_TYPES,
     ExactForm,
@@ -40,7 +41,8 @@ from ortserve.models.gguf_reader import (
     preflight,
 )
 
-__all__ = ["UnsupportedBlockType", "exact_precision", "import_gguf_exact", "preflight"]
+__all__ = ["UnsupportedBlockType", "exact_precision", "import_gguf_exact", "logit_check", "logits", "preflight",
+           "with_accuracy_level"]
 
 Progress = Callable[[str], None]
 
@@ -328,54 +330,6 @@ def patch_model(model_dir: Path, weights: GGUFWeights, hf_dir: Path) -> list[dic
     onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
                     location=data.name, size_threshold=1024)
     return report
-
-
-def with_accuracy_level(model_dir: Path, level: int, name: str = "model.gguf-check.onnx") -> Path:
-    """A copy of the graph (sharing the weights file) whose MatMulNBits compute at ``level``."""
-    import onnx
-
-    cfg = json.loads((model_dir / "genai_config.json").read_text(encoding="utf-8"))["model"]["decoder"]
-    model = onnx.load(str(model_dir / cfg.get("filename", "model.onnx")), load_external_data=False)
-    for node in model.graph.node:
-        for a in node.attribute:
-            if node.op_type == "MatMulNBits" and a.name == "accuracy_level":
-                a.i = level
-    out = model_dir / name
-    onnx.save_model(model, str(out))
-    return out
-
-
-def logits(onnx_path: Path, ids: np.ndarray, kv_heads: int, head_size: int) -> np.ndarray:
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    sess = ort.InferenceSession(str(onnx_path), so, providers=["CPUExecutionProvider"])
-    feeds: dict[str, Any] = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
-    for i in sess.get_inputs():
-        if i.name.startswith("past_key_values"):
-            dtype = np.float16 if "float16" in i.type else np.float32
-            feeds[i.name] = np.zeros((1, kv_heads, 0, head_size), dtype=dtype)
-    return np.asarray(sess.run(["logits"], feeds)[0], dtype=np.float64)
-
-
-def logit_check(model_dir: Path, ref_dir: Path, n_tokens: int = 16, seed: int = 0) -> dict[str, float]:
-    """Relative max logit difference vs the fp32 reference: fp32 compute, and as shipped."""
-    cfg = json.loads((model_dir / "genai_config.json").read_text(encoding="utf-8"))["model"]
-    dec = cfg["decoder"]
-    ids = np.random.default_rng(seed).integers(0, cfg["vocab_size"], (1, n_tokens), dtype=np.int64)
-    ref_path = ref_dir / json.loads((ref_dir / "genai_config.json").read_text(encoding="utf-8"))["model"]["decoder"]["filename"]
-    want = logits(ref_path, ids, dec["num_key_value_heads"], dec["head_size"])
-    scale = max(float(np.abs(want).max()), 1e-30)
-    check = with_accuracy_level(model_dir, 0)
-    try:
-        exact = logits(check, ids, dec["num_key_value_heads"], dec["head_size"])
-    finally:
-        check.unlink(missing_ok=True)
-    shipped = logits(model_dir / dec["filename"], ids, dec["num_key_value_heads"], dec["head_size"])
-    return {"fp32_compute": float(np.abs(exact - want).max() / scale),
-            "shipped": float(np.abs(shipped - want).max() / scale),
-            "argmax_agreement": float((shipped.argmax(-1) == want.argmax(-1)).mean())}
 
 
 def import_gguf_exact(gguf_path: Path, out_dir: Path, work_dir: Path, *, hf_dir: Path | None = None,
