@@ -141,7 +141,14 @@ def test_responses_survive_a_restart(default_model: Path, tmp_path: Path) -> Non
 def test_agents_sdk_default_model_runs_a_tool_loop(srv: ServerThread) -> None:
     import asyncio
 
-    from agents import Agent, ModelSettings, Runner, function_tool, set_default_openai_client, set_tracing_disabled
+    from agents import (
+        Agent,
+        ModelSettings,
+        Runner,
+        function_tool,
+        set_default_openai_client,
+        set_tracing_disabled,
+    )
     from openai import AsyncOpenAI
 
     called: list[str] = []

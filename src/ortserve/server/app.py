@@ -29,6 +29,7 @@ from ortserve.errors import (
     Unauthorized,
     Unavailable,
 )
+from ortserve.server import rag_access
 from ortserve.server.api import admin as routes_admin
 from ortserve.server.api import anthropic_messages as routes_messages
 from ortserve.server.api import embeddings as routes_embeddings
@@ -108,11 +109,11 @@ def create_app(settings: Settings, *, engine: AsyncEngine | None = None, model_d
             await state.manager.adopt(engine, engine.model.dir, engine.model_id)  # type: ignore[union-attr]
             _started(state, engine)
         state.manager.start()  # type: ignore[union-attr]
-        routes_files.start_rag(state)   # resumes vector-store files left in_progress
+        rag_access.start_rag(state)   # resumes vector-store files left in_progress
         try:
             yield
         finally:
-            routes_files.stop_rag(state)
+            rag_access.stop_rag(state)
             if loader is not None:
                 loader.cancel()
             if state.router is not None:

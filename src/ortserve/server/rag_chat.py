@@ -18,8 +18,8 @@ from fastapi.responses import JSONResponse
 
 from ortserve.errors import InvalidRequest
 from ortserve.rag.answer import citations, last_user_text, with_context
-from ortserve.server.api.files import locked, rag_of
 from ortserve.server.protocol import Message
+from ortserve.server.rag_access import locked, rag_of
 
 
 async def apply_file_search(body: Any, request: Request) -> list[dict[str, Any]]:

@@ -16,8 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ortserve.errors import InvalidRequest
 from ortserve.rag.ingest import DEFAULT_CHUNK_TOKENS, DEFAULT_OVERLAP_TOKENS
-from ortserve.server.api.files import locked, rag_of
 from ortserve.server.pagination import page
+from ortserve.server.rag_access import locked, rag_of
 from ortserve.server.state import state_of
 
 router = APIRouter()
