@@ -38,6 +38,10 @@ def test_dashboard_charts_update_live(srv: ServerThread, open_page: Any) -> None
     assert page.evaluate(f"Math.max(...{dash}['chart-load'].data[1])") >= 1
     assert page.evaluate(f"Math.min(...{dash}['chart-mem'].data[1])") > 10
     assert page.locator("#chart-tps canvas").count() == 1
+    # four requests with one prompt: the later ones start from the first one's KV (prefix cache)
+    page.wait_for_function("window.ortDashboard.last.prefix_cache.reused > 0")
+    assert page.evaluate(f"Math.max(...{dash}['chart-cache'].data[1].filter(x => x !== null))") > 0
+    assert "prefix cache hit rate" in page.inner_text("#tiles")
     decisions = page.inner_text("#decisions")
     assert "cloud:fake/hostile" in decisions
     assert "cloud" in page.inner_text("#costs")

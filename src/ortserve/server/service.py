@@ -65,7 +65,9 @@ async def collect(handle: RequestHandle) -> Answer:
     raise GenerationFailed("generation ended without a result")  # pragma: no cover
 
 
-def usage(prompt_tokens: int, metrics: list[Metrics]) -> dict[str, int]:
+def usage(prompt_tokens: int, metrics: list[Metrics]) -> dict[str, Any]:
+    """OpenAI usage; cached_tokens: prompt tokens whose KV came from the prefix cache."""
     completion = sum(m.output_tokens for m in metrics)
+    cached = max((m.cached_tokens for m in metrics), default=0)
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
-            "total_tokens": prompt_tokens + completion}
+            "total_tokens": prompt_tokens + completion, "prompt_tokens_details": {"cached_tokens": cached}}

@@ -17,6 +17,8 @@
     "chart-tpot": [["p50", "--s1", (s) => s.tpot.p50], ["p90", "--s2", (s) => s.tpot.p90],
                    ["p99", "--s3", (s) => s.tpot.p99]],
     "chart-mem": [["RSS MB", "--s1", (s) => s.memory.rss_mb]],
+    "chart-cache": [["hit rate %", "--s1", (s) => s.prefix_cache && s.prefix_cache.hit_rate != null
+                                                  ? 100 * s.prefix_cache.hit_rate : null]],
   };
   const charts = {};
   const data = {};
@@ -54,12 +56,15 @@
 
   function renderTables(stats) {
     const m = stats.memory;
+    const pc = stats.prefix_cache;
     $("model-name").textContent = stats.model ? "model: " + stats.model : "model: loading";
     $("tiles").replaceChildren(
       tile("running", String(stats.running)), tile("waiting", String(stats.waiting)),
       tile("tok/s", stats.tokens_per_second.toFixed(1)), tile("requests", String(stats.total_requests)),
       tile("output tokens", String(stats.total_output_tokens)), tile("RSS", m.rss_mb.toFixed(0) + " MB"),
-      tile("system memory used", m.system_used_pct.toFixed(0) + " %"), tile("uptime", fmtUptime(stats.uptime)));
+      tile("system memory used", m.system_used_pct.toFixed(0) + " %"), tile("uptime", fmtUptime(stats.uptime)),
+      tile("prefix cache hit rate", pc && pc.hit_rate != null ? (100 * pc.hit_rate).toFixed(1) + " %" : "-"),
+      tile("prompt tokens reused", pc ? String(pc.reused) : "-"));
     const r = stats.router;
     const rows = (r.costs && r.costs.rows) || [];
     $("costs").replaceChildren(...(rows.length ? rows.map((c) => el("tr", {},

@@ -81,6 +81,7 @@ async def stats(request: Request) -> JSONResponse:
         body.update(model=st.engine.model_id, running=s.running, waiting=s.waiting,
                     tokens_per_second=round(s.tokens_per_second, 2), total_requests=s.total_requests,
                     total_output_tokens=s.total_output_tokens)
+        body["prefix_cache"] = prefix_cache_view(s)
     if st.manager is not None:  # every loaded model, the pinned one included
         rows = st.manager.ps()
         body["models"] = rows
@@ -93,6 +94,15 @@ async def stats(request: Request) -> JSONResponse:
     body["memory"] = memory()
     body["router"] = router_view(st.router)
     return JSONResponse(body)
+
+
+def prefix_cache_view(s: Any) -> dict[str, Any]:
+    """Prompt tokens computed and reused from the prefix cache, and the hit rate (reused / all)."""
+    computed, reused = int(s.prompt_tokens_computed), int(s.prompt_tokens_reused)
+    total = computed + reused
+    return {"computed": computed, "reused": reused, "hit_rate": round(reused / total, 4) if total else None,
+            "bytes": int(s.prefix_cache_bytes), "entries": int(s.prefix_cache_entries),
+            "evictions": int(s.prefix_cache_evictions)}
 
 
 def percentiles(values: list[float]) -> dict[str, Any]:
