@@ -17,6 +17,8 @@ from typing import Protocol
 
 from ortserve.engine.loop import EngineCrash
 
+log = logging.getLogger("ortserve.engine")
+
 
 class WatchedCore(Protocol):
     """What the watchdog reads of an engine loop (engine/loop.py ``EngineThread``)."""
@@ -43,9 +45,6 @@ class Watched(Protocol):
     def core(self) -> WatchedCore: ...
 
     def reload(self) -> None: ...
-
-
-log = logging.getLogger("ortserve.engine")
 
 
 class Watchdog:
