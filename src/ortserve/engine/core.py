@@ -105,6 +105,7 @@ class EngineCore(EngineThread):
         t0 = time.perf_counter()
         while (victim := self.scheduler.next_victim()) is not None:
             self._preempt(victim)
+        self.runner.byte_limit = self.scheduler.runner_limit  # the rows may grow into what the cache gave back
         plan = self.scheduler.plan()
         prefilled = self.prefill_seconds
         self._prefill(plan.prefill_budget)
