@@ -208,3 +208,28 @@ def test_a_restart_drops_the_cache(tiny_model: Path) -> None:
         assert run(eng.generate(prompt=SYSTEM, params=GREEDY)).metrics.cached_tokens == 0
     finally:
         eng.core.stop()
+
+
+def test_a_flood_of_distinct_prompts_stays_inside_the_kv_budget(tiny_model: Path) -> None:
+    """200 distinct ~1k-token prompts: the cache keeps evicting, its bytes and the process's
+    memory stay bounded by kv_cache_mb (kept unbounded, they would hold 200 prompts' KV)."""
+    import psutil
+
+    eng = load(tiny_model, kv_cache_mb=8)
+    proc = psutil.Process()
+    try:
+        core, params = eng.core, SamplingParams(temperature=0, max_tokens=1)
+        prompts = [f"Document {i}: " + " ".join(f"w{i}x{j}" for j in range(250)) for i in range(200)]
+        n = len(eng.prepare(prompt=prompts[0], params=params)[0])
+        assert 800 < n < eng.context_length
+        run(eng.generate(prompt=prompts[0], params=params))
+        rss0 = proc.memory_info().rss
+        peak_cache = 0
+        for p in prompts[1:]:
+            run(eng.generate(prompt=p, params=params))
+            peak_cache = max(peak_cache, core.cache.nbytes)
+        unbounded = 200 * n * core.runner.bytes_per_token
+        assert core.cache.evictions > 150 and peak_cache <= 8 << 20 < unbounded / 4
+        assert proc.memory_info().rss - rss0 < unbounded / 2, (proc.memory_info().rss - rss0, unbounded)
+    finally:
+        eng.core.stop()
