@@ -11,7 +11,7 @@ from ortserve.engine.guidance import Guide
 from ortserve.engine.sampler import make_rng
 from ortserve.types import Metrics, SamplingParams, TokenEvent
 
-Sink = Callable[[TokenEvent], None]
+Sink = Callable[[TokenEvent], object]  # its return value is ignored (the engine hands events to the loop)
 
 
 @dataclass(eq=False)
