@@ -102,7 +102,7 @@ class Scheduler:
 
     def make_room(self, rows: int, tokens: int, keep: Entry | None = None) -> bool:
         """Whether ``rows`` rows of ``tokens`` fit beside the prefix cache, evicting cached
-        prefixes (least recently used first, ``keep`` last) until they do."""
+        prefixes (least recently used first, never ``keep``) until they do."""
         need = rows * tokens * self.bytes_per_token
         cache = self.cache
         while cache is not None and need + cache.nbytes > self.kv_budget and cache.evict_lru(keep):
