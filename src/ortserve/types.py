@@ -221,6 +221,7 @@ class TokenEvent:
     metrics: Metrics | None = None
     error: str | None = None
     error_code: str | None = None  # with finish_reason "error": "timeout", "engine_restart" or None
+    stop_sequence: str | None = None  # with finish_reason "stop": the stop string that ended it, if one did
     # with SamplingParams.logprobs: (token id, logprob, [(id, logprob) of the top alternatives]) per token
     logprobs: list[tuple[int, float, list[tuple[int, float]]]] | None = None
 

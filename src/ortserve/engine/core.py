@@ -321,7 +321,8 @@ class EngineCore(EngineThread):
         seq.reason = reason
         self.faults.pop(seq.id, None)
         seq.sink(TokenEvent(request_id=seq.id, text=text, finished=True, finish_reason=reason,
-                            metrics=seq.metrics(), error=error, error_code=code, logprobs=self._take_logprobs(seq)))
+                            metrics=seq.metrics(), error=error, error_code=code, logprobs=self._take_logprobs(seq),
+                            stop_sequence=seq.stop.matched if reason == "stop" else None))
 
     def _fail(self, seq: Sequence, exc: BaseException) -> None:
         self.failed_rows += 1

@@ -300,6 +300,6 @@ def coalesce(ev: TokenEvent, queue: asyncio.Queue[TokenEvent]) -> TokenEvent:
         nxt = queue.get_nowait()
         ev = TokenEvent(request_id=ev.request_id, text=ev.text + nxt.text, token_ids=ev.token_ids + nxt.token_ids,
                         finished=nxt.finished, finish_reason=nxt.finish_reason, metrics=nxt.metrics,
-                        error=nxt.error, error_code=nxt.error_code,
+                        error=nxt.error, error_code=nxt.error_code, stop_sequence=nxt.stop_sequence,
                         logprobs=None if ev.logprobs is None else ev.logprobs + (nxt.logprobs or []))
     return ev
