@@ -41,6 +41,10 @@ def routes(srv: ServerThread) -> list[tuple[str, set[str]]]:
 def assert_openai_error(r: httpx.Response, status: int, code: str | None = None) -> dict:
     assert r.status_code == status, (r.request.method, r.request.url, r.status_code, r.text)
     assert r.headers["content-type"].startswith("application/json")
+    if r.request.url.path.startswith("/v1/messages"):  # Anthropic's API answers in Anthropic's shape
+        body = r.json()
+        assert body["type"] == "error" and set(body["error"]) == {"type", "message"} and body["error"]["message"]
+        return body["error"]
     err = r.json()["error"]
     assert set(err) == {"message", "type", "param", "code"} and err["message"]
     assert err["type"] == ("server_error" if status >= 500 else "invalid_request_error") or status in (401, 429)
