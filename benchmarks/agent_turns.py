@@ -1,7 +1,7 @@
 """Agent workloads with and without prefix reuse (issue 30); prints JSON.
 
     .venv/bin/python benchmarks/agent_turns.py [--model smollm2-135m] [--turns 8] [--agents 16]
-        [--max-tokens 48] [--words 1500] [--skip-off]
+        [--max-tokens 48] [--words 1500] [--skip-off] [--decode-only]
 
 * ``agent_loop``: a ~1,500-word system prompt (tool docs), then ``--turns`` turns, each resending
   the whole conversation (streaming, greedy). TTFT per turn (client side: submit to the first
@@ -11,6 +11,8 @@
   and reused (the engine's counters, as on /metrics), and TTFT p50/p95.
 * ``decode``: one stream of 128 tokens on a short prompt, time per output token, the two
   engines taking turns (6 pairs; the ratio is the median of the pairs').
+* ``parallel16``: 16 streams of 64 tokens at once, total tokens/s, the engines taking turns
+  (3 pairs).
 
 Both engines (prefix cache on, the default, and ``prefix_cache=False`` unless ``--skip-off``)
 are loaded in one process with the same model and settings; the agent parts run on one, then
@@ -107,6 +109,22 @@ async def decode(engines: dict[str, AsyncEngine], pairs: int = 6) -> dict[str, A
     return res
 
 
+async def parallel16(engines: dict[str, AsyncEngine], pairs: int = 3) -> dict[str, Any]:
+    """16 streams of 64 tokens on distinct short prompts, total tokens/s, the engines taking turns."""
+    params = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
+    tps: dict[str, list[float]] = {name: [] for name in engines}
+    for i in range(pairs):
+        for name in (list(engines) if i % 2 == 0 else list(engines)[::-1]):
+            t0 = time.perf_counter()
+            outs = await asyncio.gather(*(engines[name].generate(
+                prompt=f"Story {i}-{j}: tell me about {QUESTIONS[j % 10].lower()}", params=params) for j in range(16)))
+            tps[name].append(sum(o.metrics.output_tokens for o in outs) / (time.perf_counter() - t0))
+    res: dict[str, Any] = {f"tokens_per_s_median_{n}": median(xs) for n, xs in tps.items()}
+    if len(engines) == 2:
+        res["on_over_off_median_of_pairs"] = median([a / b for a, b in zip(tps["on"], tps["off"])])
+    return res
+
+
 async def workload(engine: AsyncEngine, args: argparse.Namespace) -> dict[str, Any]:
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
     out = {"agent_loop": await agent_loop(engine, system_prompt(args.words), args.turns, params),
@@ -125,7 +143,9 @@ async def run(path: Any, args: argparse.Namespace) -> dict[str, Any]:
         for e in engines.values():
             await e.start()
             await e.generate(prompt="Warm up.", params=SamplingParams(temperature=0, max_tokens=4))
-        result: dict[str, Any] = {"decode": await decode(engines)}
+        result: dict[str, Any] = {"decode": await decode(engines), "parallel16": await parallel16(engines)}
+        if args.decode_only:
+            return result
         for name, e in engines.items():  # one after the other: each has the machine to itself
             result[f"prefix_cache_{name}"] = await workload(e, args)
         return result
@@ -142,12 +162,13 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--words", type=int, default=1500)
     ap.add_argument("--skip-off", action="store_true", help="only the engine with the prefix cache")
+    ap.add_argument("--decode-only", action="store_true", help="only the decode and 16-stream comparisons")
     args = ap.parse_args()
     path, name = model_dir(args.model)
     result: dict[str, Any] = {"benchmark": "agent_turns", "model": name, "machine": machine(),
-                              "args": vars(args), "llama_server": "skipped: no llama-server binary here"}
+                              "args": vars(args), "llama_server": "see benchmarks/agent_http.py (over HTTP)"}
     result.update(asyncio.run(run(path, args)))
-    if not args.skip_off:
+    if not args.skip_off and not args.decode_only:
         on, off = result["prefix_cache_on"], result["prefix_cache_off"]
         result["summary"] = {
             "agent_later_turns_median_over_turn1_on": on["agent_loop"]["later_median_over_turn1"],
