@@ -3,7 +3,7 @@
 * ``JsonBudget`` (json_object / json_schema): when the tokens left to ``max_tokens`` come
   close to what the shortest way to close the JSON needs, the mask keeps only that way, so
   the answer is a complete value when the budget runs out (finish reason "length").
-* ``ToolBudget`` (a list of tool calls, engine/tools.py): a call that repeats an earlier one
+* ``ToolBudget`` (a list of tool calls, engine/formats/): a call that repeats an earlier one
   ends the answer (finish reason "stop"); after a call, another starts only if the tokens
   left can hold one as long as the longest so far, else the end token is forced; a call whose
   arguments are complete but whose closing tag would not fit ends the answer there ("stop").
@@ -24,6 +24,8 @@ import codecs
 from typing import Any
 
 import numpy as np
+
+from ortserve.engine.formats import FALLBACK, FORMATS, TOOL_MARK, ToolCallParser, ToolFormat
 
 # Tokens kept beyond the closing path: one sampled token can open about this much structure
 # (a key and a string, a nested object) before the next check.
@@ -225,11 +227,9 @@ class JsonBudget(Policy):
 class ToolBudget(Policy):
     """A list of tool calls: a repeated call ends it; no call starts that the tokens left cannot hold."""
 
-    def __init__(self, vocab: Vocab, max_tokens: int | None) -> None:
-        from ortserve.engine.tools import ToolCallParser
-
+    def __init__(self, vocab: Vocab, max_tokens: int | None, fmt: ToolFormat = FALLBACK) -> None:
         super().__init__(vocab, max_tokens)
-        self.parser = ToolCallParser()
+        self.parser = ToolCallParser(fmt)
         self.longest = 0      # tokens of the longest call so far (its envelope included)
         self._last_end = 0    # tokens used when the last call ended
         self._between = False  # the text ends with a complete call
@@ -257,10 +257,9 @@ class ToolBudget(Policy):
 
 def policy_for(kind: str, text: str, vocab: Vocab, max_tokens: int | None) -> Policy | None:
     """The policy for a constraint: JSON output, a tool-call list, or none (a user's regex or grammar)."""
-    from ortserve.engine.tools import TOOL_MARK
-
     if kind == "json_schema":
         return JsonBudget(vocab, max_tokens)
     if kind == "grammar" and text.startswith(TOOL_MARK):
-        return ToolBudget(vocab, max_tokens)
+        name = text[len(TOOL_MARK):text.find("\n")].strip()  # the first line names the syntax
+        return ToolBudget(vocab, max_tokens, FORMATS.get(name, FALLBACK))
     return None

@@ -13,12 +13,12 @@ from typing import Any
 
 from ortserve.engine.core import EngineCore
 from ortserve.engine.detokenize import IncrementalDetokenizer
+from ortserve.engine.formats import Tool
 from ortserve.engine.guidance import Guidance, Guide, constraint_of
 from ortserve.engine.runner import ModelSpec, Runner
 from ortserve.engine.runtime import DeviceChoice, candidates, session_options
 from ortserve.engine.sequence import Sequence
 from ortserve.engine.tokenizer import TextCodec
-from ortserve.engine.tools import Tool
 from ortserve.engine.watchdog import Watchdog
 from ortserve.errors import (
     ContextLengthExceeded,

@@ -23,12 +23,11 @@ from typing import Any
 
 import numpy as np
 
+from ortserve.engine.jsonlark import JSON_STYLE, schema_lark
 from ortserve.errors import InvalidRequest
 
-# JSON the way a person writes it on one line: no free whitespace between tokens, so a model
-# cannot pad forever, and the output is stable for the tool-call parser. (Whitespace inside
-# strings is capped per guide, engine/closing.py; a schema's own "x-guidance" wins.)
-JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+__all__ = ["JSON_STYLE", "Constraint", "Guidance", "Guide", "schema_lark"]
+
 KINDS = ("json_schema", "regex", "grammar")
 
 
@@ -71,15 +70,6 @@ class Constraint:
         if self.kind == "regex":
             return str(llguidance.LLMatcher.grammar_from_regex(self.text))
         return str(llguidance.LLMatcher.grammar_from_lark(self.text))
-
-
-def schema_lark(schema: dict[str, Any]) -> str:
-    """A JSON schema as a Lark ``%json`` body, in the one-line style (for embedding in rules)."""
-    schema = dict(schema)
-    # lenient: a keyword the grammar cannot enforce (propertyNames, ...) loosens the tool's arguments
-    # instead of refusing the request; agent clients send tool schemas they do not control
-    schema.setdefault("x-guidance", {**JSON_STYLE, "lenient": True})
-    return "%json " + json.dumps(schema)
 
 
 class Guidance:

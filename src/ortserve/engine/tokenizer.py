@@ -7,13 +7,14 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from ortserve.engine.tools import Tool, fallback_messages, hf_messages
+from ortserve.engine.formats import FALLBACK, Tool, ToolFormat, detect
 from ortserve.errors import InvalidRequest, ModelError
 
 ROLES = ("system", "user", "assistant", "tool", "developer")
 
 
 class TextCodec:
+    tool_format: ToolFormat = FALLBACK
     def __init__(self, model_dir: Path) -> None:
         from tokenizers import Tokenizer
 
@@ -31,6 +32,13 @@ class TextCodec:
             template = next((t["template"] for t in template if t.get("name") == "default"), None)
         self.chat_template: str | None = template
         self._compiled: Any = None
+        # the tool-call syntax this model speaks (engine/formats/registry.py decides; the manifest may say)
+        override = _read_json(model_dir / "ortserve.json").get("tool_format")
+        specials = [t.content for t in self.tokenizer.get_added_tokens_decoder().values() if t.special]
+        try:
+            self.tool_format = detect(template, specials, override if isinstance(override, str) else None)
+        except InvalidRequest as exc:
+            raise ModelError(f"{model_dir / 'ortserve.json'}: {exc.message}") from exc
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
@@ -57,10 +65,10 @@ class TextCodec:
         uses_tools = bool(tools) or any(m.get("tool_calls") or m["role"] == "tool" for m in messages)
         extra: dict[str, Any] = {}
         if uses_tools and self.supports_tools:
-            messages = hf_messages(messages)
+            messages = self.tool_format.hf_messages(messages)
             extra["tools"] = [t.as_openai() for t in tools] if tools else None
         elif uses_tools:
-            messages = fallback_messages(messages, tools or [])
+            messages = self.tool_format.fallback_messages(messages, tools or [])
         if self.chat_template is None:
             text = "".join(f"{m['role']}: {m['content']}\n" for m in messages)
             return text + ("assistant: " if add_generation_prompt else "")

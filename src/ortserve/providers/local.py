@@ -217,5 +217,6 @@ def _constrained(engine: Any, request: ChatRequest) -> tuple[SamplingParams, dic
     plan = plan_tools(SimpleNamespace(functions=None, function_call=None, tools=request.tools,
                                       tool_choice=request.tool_choice,
                                       parallel_tool_calls=request.parallel_tool_calls))
+    plan = plan.for_engine(engine) if plan is not None else None
     params = constrain(engine, request.params, response_constraint(request.response_format), plan)
     return params, ({"tools": plan.prompt_tools()} if plan is not None else {}), plan

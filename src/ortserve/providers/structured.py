@@ -7,16 +7,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ortserve.engine import AsyncEngine
+from ortserve.engine.formats import FALLBACK, Delta, Tool, ToolCallParser, ToolFormat
 from ortserve.engine.guidance import Constraint
-from ortserve.engine.tools import (
-    Delta,
-    Tool,
-    ToolCallParser,
-    parse_choice,
-    parse_function,
-    parse_tools,
-    tool_grammar,
-)
+from ortserve.engine.tools import parse_choice, parse_function, parse_tools
 from ortserve.errors import InvalidRequest
 from ortserve.types import SamplingParams
 
@@ -27,6 +20,7 @@ class ToolPlan:
     mode: str            # none | auto | required | a tool name
     parallel: bool
     legacy: bool = False  # from functions/function_call: answer with message.function_call
+    fmt: ToolFormat = FALLBACK  # the model's tool-call syntax (engine/formats/), set by ``for_engine``
 
     @property
     def calls_possible(self) -> bool:
@@ -37,7 +31,11 @@ class ToolPlan:
         return self.tools if self.calls_possible else None
 
     def parser(self) -> ToolCallParser | None:
-        return ToolCallParser() if self.calls_possible else None
+        return ToolCallParser(self.fmt) if self.calls_possible else None
+
+    def for_engine(self, engine: AsyncEngine) -> ToolPlan:
+        """This plan in the syntax of the engine's model (its template's, engine/formats/registry.py)."""
+        return replace(self, fmt=engine.codec.tool_format)
 
 
 def plan_tools(body: Any) -> ToolPlan | None:
@@ -93,7 +91,7 @@ def constrain(engine: AsyncEngine, params: SamplingParams, constraint: Constrain
         if constraint is not None:
             raise InvalidRequest("'response_format' cannot be combined with tools unless tool_choice is 'none'",
                                  param="response_format")
-        grammar = tool_grammar(plan.tools, plan.mode, plan.parallel)
+        grammar = plan.fmt.grammar(plan.tools, plan.mode, plan.parallel)
         constraint = Constraint("grammar", grammar or "", "functions" if plan.legacy else "tools")
     if constraint is None:
         return params

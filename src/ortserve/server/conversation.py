@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ortserve.engine import AsyncEngine, RequestHandle
-from ortserve.engine.tools import ToolCallParser
+from ortserve.engine.formats import ToolCallParser
 from ortserve.errors import InvalidRequest, OrtServeError
 from ortserve.models.sampling import defaults_for
 from ortserve.providers.structured import ToolPlan, constrain, plan_tools, response_constraint
@@ -174,6 +174,7 @@ class Conversation:
                 params = replace(params, fit_context=True)
             headers = sampling.sampling_headers(params, defaults)
             plan = plan_tools(turn)
+            plan = plan.for_engine(engine) if plan is not None else None
             params = constrain(engine, params, response_constraint(turn.response_format), plan)
         except InvalidRequest as err:
             raise _renamed(err, turn.names) from None

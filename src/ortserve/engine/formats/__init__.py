@@ -1,0 +1,16 @@
+"""Tool-call syntaxes, one module per family, and the registry that picks a model's (docs/tools.md)."""
+
+from ortserve.engine.formats.base import (
+           MAX_PARALLEL_CALLS,
+           TOOL_MARK,
+           Delta,
+           Tool,
+           ToolCall,
+           ToolFormat,
+           new_call_id,
+)
+from ortserve.engine.formats.parser import ToolCallParser
+from ortserve.engine.formats.registry import FALLBACK, FORMATS, by_name, detect
+
+__all__ = ["FALLBACK", "FORMATS", "MAX_PARALLEL_CALLS", "TOOL_MARK", "Delta", "Tool", "ToolCall", "ToolCallParser",
+           "ToolFormat", "by_name", "detect", "new_call_id"]

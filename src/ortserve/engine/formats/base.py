@@ -1,0 +1,204 @@
+r"""What every tool-call syntax shares: tools, calls, streamed deltas, and ``ToolFormat``, one
+syntax described by its envelope.
+
+Every family's syntax is a list of JSON calls in an envelope::
+
+    prefix  open {"name": "f", "<key>": {...}} close  sep  open {...} close  suffix
+
+(Hermes: ``<tool_call>\\n`` … ``\\n</tool_call>`` per call; Llama 3: bare objects with
+``"parameters"``; Mistral: ``[TOOL_CALLS][`` … ``, `` … ``]``; Phi-4-mini: ``<|tool_call|>[`` …
+``]<|/tool_call|>``; Gemma: a fenced ``tool_code`` block per call.) From that one description come
+the Lark grammar that forces it, the text of a call (for history a template cannot render), the
+prompt that describes the tools, and the streaming parser (engine/formats/parser.py).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import string
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from ortserve.engine.jsonlark import schema_lark
+
+# The first line of every tool grammar (a Lark comment), followed by the format's name: the engine
+# knows the grammar is a list of calls, in which syntax, and watches it (engine/closing.py).
+TOOL_MARK = "// ortserve: tool calls"
+# A small model rarely ends a list of calls by itself; a repeat ends it (engine/closing.py), and
+# the cap bounds a list of different calls that never ends.
+MAX_PARALLEL_CALLS = 4
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str
+    parameters: dict[str, Any]
+
+    def as_openai(self) -> dict[str, Any]:
+        return {"type": "function", "function": {"name": self.name, "description": self.description,
+                                                 "parameters": self.parameters}}
+
+
+@dataclass
+class ToolCall:
+    id: str
+    name: str
+    arguments: str = ""
+
+    def as_openai(self) -> dict[str, Any]:
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+
+@dataclass
+class Delta:
+    """One piece of streamed output: prose, the start of a call, or more of its arguments."""
+
+    content: str = ""
+    index: int = -1            # the call this delta belongs to (-1: prose)
+    call: ToolCall | None = None  # set on the first delta of a call
+    arguments: str = ""
+
+
+def new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def visible(marker: str) -> str:
+    """A marker without its special tokens (``[TOOL_CALLS][`` -> ``[``), as a decoder that skips them shows it."""
+    return re.sub(r"\[TOOL_CALLS\]|<\|/?tool_call\|>", "", marker)
+
+
+def _char_class(chars: str) -> str:
+    return "".join("\\" + c if c in "\\]^-[/" else c for c in sorted(set(chars)))
+
+
+@dataclass(frozen=True)
+class ToolFormat:
+    """One tool-call syntax. ``detect`` strings: any of them in a chat template picks the format."""
+
+    name: str
+    open: str = ""                 # before each call
+    close: str = ""                # after each call's object
+    sep: str = "\n"                # between calls
+    prefix: str = ""               # once, before the first call
+    suffix: str = ""               # once, after the last call
+    key: str = "arguments"         # the arguments' key in a call object
+    accept: tuple[str, ...] = ()   # prefixes the parser also accepts (Llama's <|python_tag|>)
+    detect: tuple[str, ...] = ()
+    result_open: str = "<tool_response>\n"
+    result_close: str = "\n</tool_response>"
+    system_role: bool = True       # False: the template refuses a system turn (Gemma)
+    alternate: bool = False        # the template wants user/assistant turns strictly alternating
+    id_chars: int = 0              # >0: call ids are this many letters and digits (Mistral's templates)
+
+    # -- the grammar -----------------------------------------------------------------------------
+    def grammar(self, tools: list[Tool], mode: str, parallel: bool = True) -> str | None:
+        """The Lark grammar for ``mode``: auto = prose or calls; required = calls; named = that call."""
+        if mode == "none":
+            return None
+        chosen = tools if mode in ("auto", "required") else [t for t in tools if t.name == mode]
+        many = parallel and mode in ("auto", "required")
+        body = "call" + (f" ({json.dumps(self.sep)} call){{0,{MAX_PARALLEL_CALLS - 1}}}" if many else "")
+        calls = " ".join(x for x in (_lit(self.prefix), body, _lit(self.suffix)) if x)
+        lines = [f"calls: {calls}", "call: " + " | ".join(f"call_{i}" for i in range(len(chosen)))]
+        for i, t in enumerate(chosen):
+            head = self.open + '{"name": ' + json.dumps(t.name) + f', "{self.key}": '
+            lines.append(f"call_{i}: {json.dumps(head)} args_{i} {json.dumps('}' + self.close)}")
+            # only the declared properties unless the schema says otherwise: a small model pads calls
+            # with invented keys when JSON's default (extra keys allowed) is left open
+            args = {"type": "object", "additionalProperties": False, **t.parameters}
+            lines.append(f"args_{i}: {schema_lark(args)}")
+        start = "start: TEXT | calls" if mode == "auto" else "start: calls"
+        # prose under auto must not begin like a call (nor like an accepted prefix)
+        lead = self.open + "{"
+        first = _char_class("".join((s + lead)[0] for s in (self.prefix, visible(self.prefix), *self.accept)))
+        return "\n".join([f"{TOOL_MARK} {self.name}", start, *lines, f"TEXT: /[^{first}][\\s\\S]*/", ""])
+
+    # -- text of calls and of the tools ------------------------------------------------------------
+    def call_text(self, name: str, arguments: str) -> str:
+        return self.open + '{"name": ' + json.dumps(name) + f', "{self.key}": ' + (arguments or "{}") + "}" + self.close
+
+    def calls_text(self, calls: list[tuple[str, str]]) -> str:
+        return self.prefix + self.sep.join(self.call_text(n, a) for n, a in calls) + self.suffix
+
+    def tools_prompt(self, tools: list[Tool]) -> str:
+        """Describes the tools for a chat template that has no ``tools`` support of its own."""
+        specs = "\n".join(json.dumps({"name": t.name, "description": t.description, "parameters": t.parameters})
+                          for t in tools)
+        example = self.calls_text([("<function name>", "<arguments as a JSON object>")])
+        more = f" (several calls: separated by {json.dumps(self.sep)})" if self.sep else ""
+        return ("You can call functions. Their JSON schemas are inside <tools></tools>:\n<tools>\n" + specs +
+                f"\n</tools>\nTo call a function, answer with{more}:\n" + example +
+                "\nFunction results come back as:\n" + self.result_open + "<result>" + self.result_close)
+
+    def new_call_id(self) -> str:
+        if self.id_chars:
+            return "".join(random.choices(string.ascii_letters + string.digits, k=self.id_chars))
+        return new_call_id()
+
+    # -- messages for a template ---------------------------------------------------------------------
+    def fallback_messages(self, messages: list[dict[str, Any]], tools: list[Tool]) -> list[dict[str, Any]]:
+        """Messages for a template without tool support: tools in the system prompt, calls and
+        results as text in this syntax (the model reads back what it wrote)."""
+        out: list[dict[str, Any]] = []
+        for m in messages:
+            role, content = m["role"], m.get("content") or ""
+            if role == "assistant" and m.get("tool_calls"):
+                calls = self.calls_text([(c["function"]["name"], c["function"].get("arguments") or "{}")
+                                         for c in m["tool_calls"]])
+                out.append({"role": "assistant", "content": (content + "\n" if content else "") + calls})
+            elif role == "tool":
+                out.append({"role": "user", "content": self.result_open + content + self.result_close})
+            else:
+                out.append({"role": role, "content": content})
+        if tools:
+            prompt = self.tools_prompt(tools)
+            if out and out[0]["role"] == "system":
+                out[0] = {"role": "system", "content": out[0]["content"] + "\n\n" + prompt}
+            else:
+                out.insert(0, {"role": "system", "content": prompt})
+        return self._shaped(out)
+
+    def _shaped(self, out: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        if not self.system_role and out and out[0]["role"] == "system":
+            system = out.pop(0)["content"]
+            if out and out[0]["role"] == "user":
+                out[0] = {"role": "user", "content": system + "\n\n" + out[0]["content"]}
+            else:
+                out.insert(0, {"role": "user", "content": system})
+        if self.alternate:  # consecutive turns of one role (tool results after a user turn) become one
+            merged: list[dict[str, Any]] = []
+            for m in out:
+                if merged and merged[-1]["role"] == m["role"]:
+                    merged[-1] = {"role": m["role"], "content": merged[-1]["content"] + "\n\n" + m["content"]}
+                else:
+                    merged.append(m)
+            out = merged
+        return out
+
+    def hf_messages(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Messages for a template with tool support, as Hugging Face templates expect them:
+        ``tool_calls[i].function.arguments`` as a dict (templates write it with ``tojson``)."""
+        out = []
+        for m in messages:
+            m = dict(m)
+            if m.get("tool_calls"):
+                calls = []
+                for c in m["tool_calls"]:
+                    fn = dict(c["function"])
+                    try:
+                        fn["arguments"] = json.loads(fn.get("arguments") or "{}")
+                    except ValueError:
+                        pass
+                    calls.append({**c, "function": fn})
+                m["tool_calls"] = calls
+            out.append(m)
+        return out
+
+
+def _lit(s: str) -> str:
+    return json.dumps(s) if s else ""

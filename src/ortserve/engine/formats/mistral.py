@@ -1,0 +1,36 @@
+"""Mistral Nemo / Small: ``[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]``. The templates
+require call ids of 9 letters and digits: the parser hands out such ids, and ids a client sends
+back in another shape are mapped to 9 characters (the same id always to the same 9)."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from ortserve.engine.formats.base import ToolFormat
+
+ID = re.compile(r"^[A-Za-z0-9]{9}$")
+
+
+def short_id(call_id: Any) -> str:
+    text = str(call_id or "")
+    return text if ID.match(text) else hashlib.sha256(text.encode()).hexdigest()[:9]
+
+
+@dataclass(frozen=True)
+class MistralFormat(ToolFormat):
+    def hf_messages(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        out = []
+        for m in super().hf_messages(messages):
+            if m.get("tool_calls"):
+                m = {**m, "tool_calls": [{**c, "id": short_id(c.get("id"))} for c in m["tool_calls"]]}
+            if m["role"] == "tool":
+                m = {**m, "tool_call_id": short_id(m.get("tool_call_id"))}
+            out.append(m)
+        return out
+
+
+MISTRAL = MistralFormat("mistral", prefix="[TOOL_CALLS][", sep=", ", suffix="]", detect=("[TOOL_CALLS]",),
+                        result_open="[TOOL_RESULTS]", result_close="[/TOOL_RESULTS]", id_chars=9, alternate=True)
