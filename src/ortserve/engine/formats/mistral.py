@@ -29,7 +29,21 @@ class MistralFormat(ToolFormat):
             if m["role"] == "tool":
                 m = {**m, "tool_call_id": short_id(m.get("tool_call_id"))}
             out.append(m)
-        return out
+        return _system_kept(out)
+
+
+def _system_kept(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The templates write the system prompt only before the LAST user turn, so in a tool loop
+    (the last turn is a tool result) it would vanish: put it into the last user turn here, as
+    mistral-common does, instead."""
+    if not messages or messages[0]["role"] != "system" or messages[-1]["role"] == "user":
+        return messages
+    last = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=-1)
+    if last < 0:
+        return messages
+    out = messages[1:]
+    out[last - 1] = {**out[last - 1], "content": messages[0]["content"] + "\n\n" + out[last - 1]["content"]}
+    return out
 
 
 MISTRAL = MistralFormat("mistral", prefix="[TOOL_CALLS][", sep=", ", suffix="]", detect=("[TOOL_CALLS]",),

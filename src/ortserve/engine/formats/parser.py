@@ -125,6 +125,8 @@ class ToolCallParser:
             if buf.startswith(end + suffix) and (suffix or len(buf) > len(end)):
                 self._buf, self._state = buf[len(end) + len(suffix):], "text"  # not from our grammar; kept
                 return
+            if suffix and (end + suffix).startswith(buf):
+                return  # the longer closing marker may still come
 
     def _args(self, buf: str, out: list[Delta]) -> None:
         n = self._scan(buf)

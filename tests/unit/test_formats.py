@@ -1,0 +1,141 @@
+"""Each family's own chat template (the REAL ones, llama.cpp's models/templates) rendered with tools,
+an assistant's tool calls and a tool result, and each tool-call syntax's text parsed back."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from llamacpp import template  # noqa: E402
+
+from ortserve.engine.formats import FORMATS, ToolCallParser, detect  # noqa: E402
+from ortserve.engine.tokenizer import TextCodec  # noqa: E402
+from ortserve.engine.tools import parse_tools  # noqa: E402
+from ortserve.errors import InvalidRequest  # noqa: E402
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                           "required": ["city"]}}}
+CONVERSATION = [
+    {"role": "system", "content": "You are a weather bot."},
+    {"role": "user", "content": "Weather in Paris?"},
+    {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "call_0123456789abcdef01234567", "type": "function",
+         "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+    {"role": "tool", "tool_call_id": "call_0123456789abcdef01234567", "content": '{"temp_c": 21}'},
+]
+# template -> (the format it speaks, markers its rendering must contain)
+FAMILIES = {
+    "meta-llama-Llama-3.1-8B-Instruct": ("llama3_json", ["<|start_header_id|>ipython<|end_header_id|>",
+                                                         '{"name": "get_weather", "parameters": {"city": "Paris"}}',
+                                                         '"name": "get_weather"']),
+    "meta-llama-Llama-3.2-3B-Instruct": ("llama3_json", ["<|start_header_id|>ipython<|end_header_id|>",
+                                                         '{"name": "get_weather", "parameters": {"city": "Paris"}}']),
+    "Qwen-Qwen2.5-7B-Instruct": ("hermes", ["<tools>", "<tool_call>\n{\"name\": \"get_weather\"",
+                                            "<tool_response>\n{\"temp_c\": 21}"]),
+    "Qwen-Qwen3-0.6B": ("hermes", ["<tools>", "<tool_call>\n{\"name\": \"get_weather\"", "<tool_response>"]),
+    "microsoft-Phi-3.5-mini-instruct": ("hermes", ["<|system|>", "<tool_call>\n{\"name\": \"get_weather\", "
+                                                   "\"arguments\": {\"city\": \"Paris\"}}\n</tool_call>",
+                                                   "<tool_response>", "<|assistant|>"]),
+    "google-gemma-2-2b-it": ("gemma", ["<start_of_turn>user\nYou are a weather bot.", "```tool_code\n{\"name\": "
+                                       "\"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n```",
+                                       "```tool_output\n{\"temp_c\": 21}\n```", "<start_of_turn>model"]),
+    "mistralai-Mistral-Nemo-Instruct-2407": ("mistral", ["[AVAILABLE_TOOLS]", "[TOOL_CALLS]", "[TOOL_RESULTS]",
+                                                         '"name": "get_weather"']),
+    "NousResearch-Hermes-3-Llama-3.1-8B-tool_use": ("hermes", ["<tools>", "<tool_call>", "<tool_response>"]),
+}
+
+
+def codec(text: str) -> TextCodec:
+    c = TextCodec.__new__(TextCodec)
+    c.chat_template, c._compiled, c.bos_token, c.eos_token = text, None, "<s>", "</s>"
+    c.tool_format = detect(text)
+    return c
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_real_template_renders_tools_calls_and_results(name: str) -> None:
+    fmt, markers = FAMILIES[name]
+    c = codec(template(name))
+    assert c.tool_format.name == fmt
+    out = c.render_chat(CONVERSATION, tools=parse_tools([WEATHER]))
+    for marker in markers:
+        assert marker in out, (marker, out)
+    assert "Weather in Paris?" in out and "You are a weather bot." in out and "21" in out
+    if fmt == "mistral":  # the template's 9-character ids: the client's id mapped, the same on both sides
+        ids = {s.split('"')[0] for s in out.split('"id": "')[1:]} | {s[:9] for s in out.split('"call_id": "')[1:]}
+        assert len(ids) == 1 and len(ids.pop()) == 9
+
+
+def test_llama3_splits_parallel_calls_for_its_single_call_template() -> None:
+    two = [*CONVERSATION[:2], {"role": "assistant", "content": "", "tool_calls": [
+        {"id": f"c{i}", "type": "function", "function": {"name": "get_weather", "arguments": json.dumps({"city": c})}}
+        for i, c in enumerate(["Paris", "Oslo"])]}, {"role": "tool", "tool_call_id": "c0", "content": "21"},
+        {"role": "tool", "tool_call_id": "c1", "content": "9"}]
+    out = codec(template("meta-llama-Llama-3.1-8B-Instruct")).render_chat(two, tools=parse_tools([WEATHER]))
+    assert '"parameters": {"city": "Paris"}' in out and '"parameters": {"city": "Oslo"}' in out
+
+
+def test_detection_order_vocab_and_override() -> None:
+    assert detect(None).name == "hermes"
+    assert detect("{{ messages }}", ["[TOOL_CALLS]"]).name == "mistral"
+    assert detect("{{ messages }}", ["<|tool_call|>", "<|/tool_call|>"]).name == "phi4"
+    assert detect("{{ messages }}", ["<|python_tag|>"]).name == "llama3_json"
+    assert detect(template("Qwen-Qwen2.5-7B-Instruct"), override="gemma").name == "gemma"
+    with pytest.raises(InvalidRequest, match="tool_format"):
+        detect(None, override="nope")
+
+
+CASES = {  # the exact text a model writes in each syntax for two calls, and the calls it means
+    "hermes": '<tool_call>\n{"name": "a", "arguments": {"x": "}{"}}\n</tool_call>\n'
+              '<tool_call>\n{"name": "b", "arguments": {}}\n</tool_call>',
+    "llama3_json": '{"name": "a", "parameters": {"x": "}{"}}; {"name": "b", "parameters": {}}',
+    "mistral": '[TOOL_CALLS][{"name": "a", "arguments": {"x": "}{"}}, {"name": "b", "arguments": {}}]',
+    "phi4": '<|tool_call|>[{"name": "a", "arguments": {"x": "}{"}}, {"name": "b", "arguments": {}}]<|/tool_call|>',
+    "gemma": '```tool_code\n{"name": "a", "arguments": {"x": "}{"}}\n```\n```tool_code\n{"name": "b", '
+             '"arguments": {}}\n```',
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("piece", [1, 3, 1000])
+def test_each_syntax_parses_back_streamed_and_whole(name: str, piece: int) -> None:
+    fmt, text = FORMATS[name], CASES[name]
+    assert fmt.calls_text([("a", '{"x": "}{"}'), ("b", "{}")]) == text
+    p = ToolCallParser(fmt)
+    deltas = [d for i in range(0, len(text), piece) for d in p.feed(text[i:i + piece])] + p.finish()
+    assert [(c.name, c.arguments) for c in p.calls] == [("a", '{"x": "}{"}'), ("b", "{}")]
+    assert p.content == "" and not p.repeated
+    streamed: dict[int, str] = {}
+    for d in deltas:
+        streamed[d.index] = streamed.get(d.index, "") + d.arguments
+    assert streamed == {0: '{"x": "}{"}', 1: "{}"}
+    if name == "mistral":
+        assert all(len(c.id) == 9 and c.id.isalnum() for c in p.calls)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_prose_repeat_and_dropped_markers(name: str) -> None:
+    fmt = FORMATS[name]
+    p = ToolCallParser(fmt)
+    p.feed("The weather is fine."), p.finish()
+    assert p.content == "The weather is fine." and not p.calls
+    rep = ToolCallParser(fmt)
+    rep.feed(fmt.calls_text([("a", '{"x": 1}'), ("a", '{"x": 1}')]))
+    rep.finish()
+    assert rep.repeated and [c.arguments for c in rep.calls] == ['{"x": 1}']
+    # a decoder that skips special tokens drops [TOOL_CALLS] / <|tool_call|>: the calls still parse
+    bare = CASES[name].replace("[TOOL_CALLS]", "").replace("<|tool_call|>", "").replace("<|/tool_call|>", "")
+    q = ToolCallParser(fmt)
+    q.feed(bare), q.finish()
+    assert [c.name for c in q.calls] == ["a", "b"]
+
+
+def test_llama3_python_tag_accepted() -> None:
+    p = ToolCallParser(FORMATS["llama3_json"])
+    p.feed('<|python_tag|>{"name": "a", "parameters": {"q": 1}}'), p.finish()
+    assert [(c.name, c.arguments) for c in p.calls] == [("a", '{"q": 1}')] and p.content == ""
