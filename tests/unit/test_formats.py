@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from llamacpp import template  # noqa: E402
+from llamacpp import template
 
-from ortserve.engine.formats import FORMATS, ToolCallParser, detect  # noqa: E402
-from ortserve.engine.tokenizer import TextCodec  # noqa: E402
-from ortserve.engine.tools import parse_tools  # noqa: E402
-from ortserve.errors import InvalidRequest  # noqa: E402
+from ortserve.engine.formats import FORMATS, ToolCallParser, detect
+from ortserve.engine.tokenizer import TextCodec
+from ortserve.engine.tools import parse_tools
+from ortserve.errors import InvalidRequest
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
                                             "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
@@ -38,11 +38,11 @@ FAMILIES = {
     "Qwen-Qwen2.5-7B-Instruct": ("hermes", ["<tools>", "<tool_call>\n{\"name\": \"get_weather\"",
                                             "<tool_response>\n{\"temp_c\": 21}"]),
     "Qwen-Qwen3-0.6B": ("hermes", ["<tools>", "<tool_call>\n{\"name\": \"get_weather\"", "<tool_response>"]),
-    "microsoft-Phi-3.5-mini-instruct": ("hermes", ["<|system|>", "<tool_call>\n{\"name\": \"get_weather\", "
-                                                   "\"arguments\": {\"city\": \"Paris\"}}\n</tool_call>",
+    "microsoft-Phi-3.5-mini-instruct": ("hermes", ["<|system|>", ("<tool_call>\n{\"name\": \"get_weather\", "
+                                                   "\"arguments\": {\"city\": \"Paris\"}}\n</tool_call>"),
                                                    "<tool_response>", "<|assistant|>"]),
-    "google-gemma-2-2b-it": ("gemma", ["<start_of_turn>user\nYou are a weather bot.", "```tool_code\n{\"name\": "
-                                       "\"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n```",
+    "google-gemma-2-2b-it": ("gemma", ["<start_of_turn>user\nYou are a weather bot.", ("```tool_code\n{\"name\": "
+                                       "\"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n```"),
                                        "```tool_output\n{\"temp_c\": 21}\n```", "<start_of_turn>model"]),
     "mistralai-Mistral-Nemo-Instruct-2407": ("mistral", ["[AVAILABLE_TOOLS]", "[TOOL_CALLS]", "[TOOL_RESULTS]",
                                                          '"name": "get_weather"']),
