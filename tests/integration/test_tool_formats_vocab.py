@@ -1,0 +1,100 @@
+"""Each family's tool-call grammar on its REAL tokenizer (llama.cpp's vocab GGUFs): random logits
+under the llguidance mask stand for a model that writes anything the grammar allows; what it writes
+is a well-formed call list in that family's syntax, and the parser reads back the same calls,
+whole and streamed token by token (the engine's incremental detokenizer, special tokens skipped)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from vocab_tokenizers import tokenizer_dir  # noqa: E402
+
+from ortserve.engine.detokenize import IncrementalDetokenizer  # noqa: E402
+from ortserve.engine.formats import FORMATS, ToolCallParser  # noqa: E402
+from ortserve.engine.guidance import Constraint, Guidance, allocate_masks, apply_mask  # noqa: E402
+from ortserve.engine.tools import parse_tools  # noqa: E402
+
+TOOLS = parse_tools([
+    {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "required": ["city", "days", "unit"], "properties": {
+            "city": {"type": "string", "maxLength": 12}, "days": {"type": "integer", "minimum": 1, "maximum": 9},
+            "unit": {"enum": ["c", "f"]}}}}},
+    {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}},
+])
+# (syntax, the real vocabulary it is tested on): each family on its own tokenizer; Mistral Nemo's
+# tekken vocabulary is not in llama.cpp's set, so Mistral's syntax runs on the Llama/Mistral 7B SPM one
+PAIRS = [("llama3_json", "llama-bpe"), ("hermes", "qwen2"), ("hermes", "phi-3"), ("phi4", "phi-3"),
+         ("gemma", "gemma-4"), ("mistral", "llama-spm")]
+_GUIDANCE: dict[str, tuple[Guidance, object]] = {}
+
+
+def guidance_for(vocab: str) -> tuple[Guidance, object]:
+    if vocab not in _GUIDANCE:
+        from tokenizers import Tokenizer
+
+        d = tokenizer_dir(vocab)
+        tok = Tokenizer.from_file(str(d / "tokenizer.json"))
+        eos = json.loads((d / "tokenizer_config.json").read_text())["eos_token"]
+        eos = eos["content"] if isinstance(eos, dict) else eos
+        _GUIDANCE[vocab] = (Guidance(d / "tokenizer.json", tok.get_vocab_size(), (tok.token_to_id(eos),)), tok)
+    return _GUIDANCE[vocab]
+
+
+def write(guidance: Guidance, grammar: str, seed: int, budget: int = 300) -> list[int]:
+    """A random but grammar-valid completion: the argmax of random logits under the mask."""
+    rng = np.random.default_rng(seed)
+    guide = guidance.guide(Constraint("grammar", grammar, "tools", budget))
+    mask, ids = allocate_masks(1, guidance.vocab_size), []
+    while not guide.stopped and len(ids) < budget:
+        guide.compute_mask(mask[0])
+        logits = rng.standard_normal(guidance.vocab_size).astype(np.float32)
+        apply_mask(logits, mask[0])
+        token = int(np.argmax(logits))
+        guide.consume(token)
+        if token in guidance.eos_ids:
+            break
+        ids.append(token)
+    assert len(ids) < budget, "the grammar never let the list end"
+    return ids
+
+
+@pytest.mark.parametrize(("fmt_name", "vocab"), PAIRS)
+def test_grammar_forces_the_family_syntax_and_parses_back(fmt_name: str, vocab: str) -> None:
+    fmt = FORMATS[fmt_name]
+    guidance, tok = guidance_for(vocab)
+    for mode, seed in [("required", 1), ("required", 2), ("required", 3), ("get_weather", 4)]:
+        grammar = fmt.grammar(TOOLS, mode, parallel=True) or ""
+        ids = write(guidance, grammar, seed)
+        text = tok.decode(ids, skip_special_tokens=True)  # type: ignore[attr-defined]
+        whole = ToolCallParser(fmt)
+        whole.feed(text), whole.finish()
+        assert whole.calls and whole.content == "", text
+        # the text is exactly the family's envelope around these calls (a repeat ends the list at
+        # its arguments' last brace and is dropped: the text is then the envelope up to there)
+        envelope = fmt.calls_text([(c.name, c.arguments) for c in whole.calls + whole.dropped])
+        assert envelope == text or (whole.repeated and envelope.startswith(text)), text
+        for c in whole.calls:
+            args = json.loads(c.arguments)
+            if c.name == "get_weather":
+                assert set(args) == {"city", "days", "unit"} and 1 <= args["days"] <= 9 and args["unit"] in "cf"
+                assert len(args["city"]) <= 12
+            else:
+                assert mode == "required" and c.name == "get_time" and args == {}
+        streamed, detok = ToolCallParser(fmt), IncrementalDetokenizer(
+            lambda xs: tok.decode(xs, skip_special_tokens=True))  # type: ignore[attr-defined]
+        args: dict[int, str] = {}
+        for t in ids:
+            for d in streamed.feed(detok.push(t)):
+                if d.index >= 0:
+                    args[d.index] = args.get(d.index, "") + d.arguments
+        for d in streamed.feed(detok.flush()) + streamed.finish():
+            if d.index >= 0:
+                args[d.index] = args.get(d.index, "") + d.arguments
+        assert [(c.name, c.arguments) for c in streamed.calls] == [(c.name, c.arguments) for c in whole.calls]
+        assert args == {i: c.arguments for i, c in enumerate(whole.calls)}
