@@ -1,0 +1,79 @@
+"""Llama 3's own tool syntax end to end: a tiny random-weight Llama whose tokenizer is Llama 3's real
+one (llama.cpp's llama-bpe vocab, 128,256 tokens; hidden size 64, one layer, keeps it cheap) and whose template is
+Llama 3.2's real one, built to ONNX, served on 127.0.0.1 and driven by the openai client:
+``tool_choice: required`` gives parsed ``tool_calls``, and the tokens the model wrote (logprobs) are
+Llama 3's bare ``{"name": ..., "parameters": ...}``, not Hermes' ``<tool_call>``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from openai import OpenAI
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from llamacpp import template  # noqa: E402
+from servers import ServerThread  # noqa: E402
+from vocab_tokenizers import tokenizer_dir  # noqa: E402
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                                    "unit": {"enum": ["celsius", "fahrenheit"]}},
+                   "required": ["city", "unit"]}}}
+ASK = [{"role": "system", "content": "You answer with tools."},
+       {"role": "user", "content": "What is the weather in Paris?"}]
+
+
+@pytest.fixture(scope="module")
+def llama3_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from ortserve.models.convert import build_onnx, make_tiny_llama
+
+    hf = make_tiny_llama(tmp_path_factory.mktemp("llama3-hf") / "hf", tokenizer_dir("llama-bpe"), layers=1, hidden=64)
+    out = build_onnx(hf, tmp_path_factory.mktemp("llama3-onnx") / "model", precision="fp32")
+    (out / "chat_template.jinja").write_text(template("meta-llama-Llama-3.2-3B-Instruct"), encoding="utf-8")
+    return out
+
+
+@pytest.fixture(scope="module")
+def server(llama3_model: Path) -> Iterator[ServerThread]:
+    with ServerThread(llama3_model, model_id="tiny-llama3") as srv:
+        yield srv
+
+
+def test_llama3_model_calls_tools_in_its_own_syntax(server: ServerThread) -> None:
+    assert server.state.engine.codec.tool_format.name == "llama3_json"
+    client = OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0, timeout=120)
+    r = client.chat.completions.create(model="tiny-llama3", messages=ASK, tools=[WEATHER],  # type: ignore[arg-type]
+                                       tool_choice="required", max_tokens=80, logprobs=True, seed=3)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
+    call = choice.message.tool_calls[0]
+    args = json.loads(call.function.arguments)
+    assert call.function.name == "get_weather" and set(args) == {"city", "unit"}
+    written = "".join(t.token for t in choice.logprobs.content)  # type: ignore[union-attr]
+    assert written.startswith('{"name": "get_weather", "parameters": {') and "<tool_call>" not in written
+
+    # streamed: the same kind of call, its arguments in pieces
+    stream = client.chat.completions.create(model="tiny-llama3", messages=ASK, tools=[WEATHER],  # type: ignore[arg-type]
+                                            tool_choice="required", max_tokens=80, stream=True, seed=3)
+    names, pieces, finish = [], [], None
+    for chunk in stream:
+        for tc in chunk.choices[0].delta.tool_calls or []:
+            if tc.function and tc.function.name:
+                names.append(tc.function.name)
+            if tc.function and tc.function.arguments:
+                pieces.append(tc.function.arguments)
+        finish = chunk.choices[0].finish_reason or finish
+    assert names and names[0] == "get_weather" and finish == "tool_calls"
+    assert "".join(pieces).startswith(call.function.arguments)  # same seed, same first call
+
+    # the result goes back through Llama 3's template (ipython turn) and the model answers
+    turn = [*ASK, {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+            {"role": "tool", "tool_call_id": call.id, "content": '{"temp_c": 21}'}]
+    again = client.chat.completions.create(model="tiny-llama3", messages=turn, tools=[WEATHER],  # type: ignore[arg-type]
+                                           tool_choice="none", max_tokens=8)
+    assert again.choices[0].finish_reason in ("stop", "length") and again.usage.prompt_tokens > 0  # type: ignore[union-attr]
