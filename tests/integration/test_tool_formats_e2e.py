@@ -15,9 +15,9 @@ import pytest
 from openai import OpenAI
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from llamacpp import template  # noqa: E402
-from servers import ServerThread  # noqa: E402
-from vocab_tokenizers import tokenizer_dir  # noqa: E402
+from llamacpp import template
+from servers import ServerThread
+from vocab_tokenizers import tokenizer_dir
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather in a city",

@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from vocab_tokenizers import tokenizer_dir  # noqa: E402
+from vocab_tokenizers import tokenizer_dir
 
-from ortserve.engine.detokenize import IncrementalDetokenizer  # noqa: E402
-from ortserve.engine.formats import FORMATS, ToolCallParser  # noqa: E402
-from ortserve.engine.guidance import Constraint, Guidance, allocate_masks, apply_mask  # noqa: E402
-from ortserve.engine.tools import parse_tools  # noqa: E402
+from ortserve.engine.detokenize import IncrementalDetokenizer
+from ortserve.engine.formats import FORMATS, ToolCallParser
+from ortserve.engine.guidance import Constraint, Guidance, allocate_masks, apply_mask
+from ortserve.engine.tools import parse_tools
 
 TOOLS = parse_tools([
     {"type": "function", "function": {"name": "get_weather", "parameters": {
