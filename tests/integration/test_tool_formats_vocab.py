@@ -98,3 +98,23 @@ def test_grammar_forces_the_family_syntax_and_parses_back(fmt_name: str, vocab: 
                 args[d.index] = args.get(d.index, "") + d.arguments
         assert [(c.name, c.arguments) for c in streamed.calls] == [(c.name, c.arguments) for c in whole.calls]
         assert args == {i: c.arguments for i, c in enumerate(whole.calls)}
+
+
+def test_a_model_dir_picks_its_format_from_template_and_manifest(tmp_path: Path) -> None:
+    import shutil
+
+    from llamacpp import template
+
+    from ortserve.engine.tokenizer import TextCodec
+    from ortserve.errors import ModelError
+
+    d = tmp_path / "model"
+    shutil.copytree(tokenizer_dir("phi-3"), d)
+    assert TextCodec(d).tool_format.name == "hermes"  # no template: the fallback
+    (d / "chat_template.jinja").write_text(template("meta-llama-Llama-3.1-8B-Instruct"), encoding="utf-8")
+    assert TextCodec(d).tool_format.name == "llama3_json"
+    (d / "ortserve.json").write_text(json.dumps({"tool_format": "hermes"}), encoding="utf-8")
+    assert TextCodec(d).tool_format.name == "hermes"  # the manifest wins
+    (d / "ortserve.json").write_text(json.dumps({"tool_format": "llama4"}), encoding="utf-8")
+    with pytest.raises(ModelError, match="tool_format.*hermes, mistral, phi4, llama3_json, gemma"):
+        TextCodec(d)
