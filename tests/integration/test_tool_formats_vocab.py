@@ -116,5 +116,5 @@ def test_a_model_dir_picks_its_format_from_template_and_manifest(tmp_path: Path)
     (d / "ortserve.json").write_text(json.dumps({"tool_format": "hermes"}), encoding="utf-8")
     assert TextCodec(d).tool_format.name == "hermes"  # the manifest wins
     (d / "ortserve.json").write_text(json.dumps({"tool_format": "llama4"}), encoding="utf-8")
-    with pytest.raises(ModelError, match="tool_format.*hermes, mistral, phi4, llama3_json, gemma"):
+    with pytest.raises(ModelError, match=r"tool_format.*hermes, mistral, phi4, llama3_json, gemma"):
         TextCodec(d)
