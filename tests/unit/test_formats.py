@@ -139,3 +139,21 @@ def test_llama3_python_tag_accepted() -> None:
     p = ToolCallParser(FORMATS["llama3_json"])
     p.feed('<|python_tag|>{"name": "a", "parameters": {"q": 1}}'), p.finish()
     assert [(c.name, c.arguments) for c in p.calls] == [("a", '{"q": 1}')] and p.content == ""
+
+
+# Phi-4-mini-instruct's template is not in llama.cpp's set; this one has its published shape: the
+# tools come from the system message's "tools" field, each turn's content only is rendered
+PHI4_TEMPLATE = ("{% for message in messages %}{% if message['role'] == 'system' and 'tools' in message and "
+                 "message['tools'] is not none %}{{ '<|' + message['role'] + '|>' + message['content'] + '<|tool|>' "
+                 "+ message['tools'] + '<|/tool|>' + '<|end|>' }}{% else %}{{ '<|' + message['role'] + '|>' + "
+                 "message['content'] + '<|end|>' }}{% endif %}{% endfor %}{% if add_generation_prompt %}"
+                 "{{ '<|assistant|>' }}{% else %}{{ eos_token }}{% endif %}")
+
+
+def test_phi4_tools_go_into_the_system_turn() -> None:
+    c = codec(PHI4_TEMPLATE)
+    assert c.tool_format.name == "phi4"
+    out = c.render_chat(CONVERSATION, tools=parse_tools([WEATHER]))
+    assert out.startswith('<|system|>You are a weather bot.<|tool|>[{"name": "get_weather"')
+    assert '<|assistant|><|tool_call|>[{"name": "get_weather", "arguments": {"city": "Paris"}}]<|/tool_call|>' in out
+    assert '<|user|><|tool_response|>{"temp_c": 21}<|/tool_response|><|end|><|assistant|>' in out

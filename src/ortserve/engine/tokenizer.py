@@ -65,7 +65,7 @@ class TextCodec:
         uses_tools = bool(tools) or any(m.get("tool_calls") or m["role"] == "tool" for m in messages)
         extra: dict[str, Any] = {}
         if uses_tools and self.supports_tools:
-            messages = self.tool_format.hf_messages(messages)
+            messages = self.tool_format.hf_messages(messages, tools)
             extra["tools"] = [t.as_openai() for t in tools] if tools else None
         elif uses_tools:
             messages = self.tool_format.fallback_messages(messages, tools or [])

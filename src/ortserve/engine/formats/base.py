@@ -180,9 +180,11 @@ class ToolFormat:
             out = merged
         return out
 
-    def hf_messages(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def hf_messages(self, messages: list[dict[str, Any]], tools: list[Tool] | None = None) -> list[dict[str, Any]]:
         """Messages for a template with tool support, as Hugging Face templates expect them:
-        ``tool_calls[i].function.arguments`` as a dict (templates write it with ``tojson``)."""
+        ``tool_calls[i].function.arguments`` as a dict (templates write it with ``tojson``). The
+        tools themselves go to the template's ``tools`` variable (a format whose template reads
+        them elsewhere puts them there)."""
         out = []
         for m in messages:
             m = dict(m)

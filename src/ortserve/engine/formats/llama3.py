@@ -8,14 +8,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ortserve.engine.formats.base import ToolFormat
+from ortserve.engine.formats.base import Tool, ToolFormat
 
 
 @dataclass(frozen=True)
 class Llama3Format(ToolFormat):
-    def hf_messages(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def hf_messages(self, messages: list[dict[str, Any]], tools: list[Tool] | None = None) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
-        for m in super().hf_messages(messages):
+        for m in super().hf_messages(messages, tools):
             calls = m.get("tool_calls") or []
             if len(calls) > 1:  # "This model only supports single tool-calls at once!"
                 out += [{**m, "content": m.get("content") if i == 0 else "", "tool_calls": [c]}

@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ortserve.engine.formats.base import ToolFormat
+from ortserve.engine.formats.base import Tool, ToolFormat
 
 ID = re.compile(r"^[A-Za-z0-9]{9}$")
 
@@ -21,9 +21,9 @@ def short_id(call_id: Any) -> str:
 
 @dataclass(frozen=True)
 class MistralFormat(ToolFormat):
-    def hf_messages(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def hf_messages(self, messages: list[dict[str, Any]], tools: list[Tool] | None = None) -> list[dict[str, Any]]:
         out = []
-        for m in super().hf_messages(messages):
+        for m in super().hf_messages(messages, tools):
             if m.get("tool_calls"):
                 m = {**m, "tool_calls": [{**c, "id": short_id(c.get("id"))} for c in m["tool_calls"]]}
             if m["role"] == "tool":
