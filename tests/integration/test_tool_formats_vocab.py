@@ -118,3 +118,22 @@ def test_a_model_dir_picks_its_format_from_template_and_manifest(tmp_path: Path)
     (d / "ortserve.json").write_text(json.dumps({"tool_format": "llama4"}), encoding="utf-8")
     with pytest.raises(ModelError, match=r"tool_format.*hermes, mistral, phi4, llama3_json, gemma"):
         TextCodec(d)
+
+
+def test_a_marker_that_is_one_special_token_is_written_as_that_token() -> None:
+    """Mistral's ``[TOOL_CALLS]`` bound to a special token of a real vocabulary (llama-bpe's
+    reserved id 128010 stands in: no Mistral tekken vocab is in llama.cpp's set): the grammar asks
+    for that one token, and the calls parse back from text with and without its spelling."""
+    guidance, tok = guidance_for("llama-bpe")
+    fmt = FORMATS["mistral"].bind({"[TOOL_CALLS]": 128010, "<|eot_id|>": 128009})
+    grammar = fmt.grammar(TOOLS, "get_weather") or ""
+    assert "<[128010]>" in grammar and '"[TOOL_CALLS]' not in grammar
+    ids = write(guidance, grammar, seed=5)
+    assert ids[0] == 128010 and 128010 not in ids[1:]
+    for skip in (True, False):
+        text = tok.decode(ids, skip_special_tokens=skip)  # type: ignore[attr-defined]
+        if not skip:
+            text = text.replace("<|reserved_special_token_5|>", "[TOOL_CALLS]")  # the stand-in's own name
+        p = ToolCallParser(fmt)
+        p.feed(text), p.finish()
+        assert [c.name for c in p.calls] == ["get_weather"] and p.content == "", text

@@ -34,9 +34,9 @@ class TextCodec:
         self._compiled: Any = None
         # the tool-call syntax this model speaks (engine/formats/registry.py decides; the manifest may say)
         override = _read_json(model_dir / "ortserve.json").get("tool_format")
-        specials = [t.content for t in self.tokenizer.get_added_tokens_decoder().values() if t.special]
+        specials = {t.content: i for i, t in self.tokenizer.get_added_tokens_decoder().items() if t.special}
         try:
-            self.tool_format = detect(template, specials, override if isinstance(override, str) else None)
+            self.tool_format = detect(template, specials, override if isinstance(override, str) else None).bind(specials)
         except InvalidRequest as exc:
             raise ModelError(f"{model_dir / 'ortserve.json'}: {exc.message}") from exc
 

@@ -19,7 +19,7 @@ import random
 import re
 import string
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ortserve.engine.jsonlark import schema_lark
@@ -67,6 +67,9 @@ def new_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
+SPECIAL_MARKERS = ("[TOOL_CALLS]", "<|tool_call|>", "<|/tool_call|>")
+
+
 def visible(marker: str) -> str:
     """A marker without its special tokens (``[TOOL_CALLS][`` -> ``[``), as a decoder that skips them shows it."""
     return re.sub(r"\[TOOL_CALLS\]|<\|/?tool_call\|>", "", marker)
@@ -94,6 +97,14 @@ class ToolFormat:
     system_role: bool = True       # False: the template refuses a system turn (Gemma)
     alternate: bool = False        # the template wants user/assistant turns strictly alternating
     id_chars: int = 0              # >0: call ids are this many letters and digits (Mistral's templates)
+    # markers that are one special token in this model's vocabulary, with its id (``bind``): the grammar
+    # asks for the token the model was trained to write, not the marker spelled out in ordinary tokens
+    specials: tuple[tuple[str, int], ...] = ()
+
+    def bind(self, vocab: dict[str, int]) -> ToolFormat:
+        """This format for a model whose special tokens are ``vocab`` (text -> id)."""
+        found = tuple((m, vocab[m]) for m in SPECIAL_MARKERS if m in vocab and m in self.prefix + self.suffix)
+        return replace(self, specials=found)
 
     # -- the grammar -----------------------------------------------------------------------------
     def grammar(self, tools: list[Tool], mode: str, parallel: bool = True) -> str | None:
@@ -103,7 +114,7 @@ class ToolFormat:
         chosen = tools if mode in ("auto", "required") else [t for t in tools if t.name == mode]
         many = parallel and mode in ("auto", "required")
         body = "call" + (f" ({json.dumps(self.sep)} call){{0,{MAX_PARALLEL_CALLS - 1}}}" if many else "")
-        calls = " ".join(x for x in (_lit(self.prefix), body, _lit(self.suffix)) if x)
+        calls = " ".join(x for x in (self._lit(self.prefix), body, self._lit(self.suffix)) if x)
         lines = [f"calls: {calls}", "call: " + " | ".join(f"call_{i}" for i in range(len(chosen)))]
         for i, t in enumerate(chosen):
             head = self.open + '{"name": ' + json.dumps(t.name) + f', "{self.key}": '
@@ -202,5 +213,10 @@ class ToolFormat:
         return out
 
 
-def _lit(s: str) -> str:
-    return json.dumps(s) if s else ""
+    def _lit(self, s: str) -> str:
+        """``s`` as Lark: quoted text, a bound special marker as its token (``<[id]>``)."""
+        for marker, token in self.specials:
+            if marker in s:
+                head, _, tail = s.partition(marker)
+                return " ".join(x for x in (self._lit(head), f"<[{token}]>", self._lit(tail)) if x)
+        return json.dumps(s) if s else ""
