@@ -77,3 +77,23 @@ def test_llama3_model_calls_tools_in_its_own_syntax(server: ServerThread) -> Non
     again = client.chat.completions.create(model="tiny-llama3", messages=turn, tools=[WEATHER],  # type: ignore[arg-type]
                                            tool_choice="none", max_tokens=8)
     assert again.choices[0].finish_reason in ("stop", "length") and again.usage.prompt_tokens > 0  # type: ignore[union-attr]
+
+
+def test_llama3_model_through_anthropic_messages_and_responses(server: ServerThread) -> None:
+    """The same syntax under the other wire APIs (they share server/conversation.py)."""
+    import anthropic
+
+    claude = anthropic.Anthropic(base_url=server.url, api_key="none", max_retries=0, timeout=120)
+    fn = WEATHER["function"]
+    msg = claude.messages.create(model="tiny-llama3", max_tokens=80, messages=[ASK[1]],  # type: ignore[list-item]
+                                 tools=[{"name": fn["name"], "description": fn["description"],
+                                         "input_schema": fn["parameters"]}], tool_choice={"type": "any"})
+    uses = [b for b in msg.content if b.type == "tool_use"]
+    assert msg.stop_reason == "tool_use" and uses and uses[0].name == "get_weather"
+    assert set(uses[0].input) == {"city", "unit"}  # type: ignore[arg-type]
+
+    client = OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0, timeout=120)
+    r = client.responses.create(model="tiny-llama3", input="Weather in Paris?", max_output_tokens=80,
+                                tools=[{"type": "function", **fn}], tool_choice="required")  # type: ignore[list-item]
+    calls = [o for o in r.output if o.type == "function_call"]
+    assert calls and calls[0].name == "get_weather" and set(json.loads(calls[0].arguments)) == {"city", "unit"}
