@@ -100,7 +100,8 @@ def test_grammar_forces_the_family_syntax_and_parses_back(fmt_name: str, vocab: 
         assert args == {i: c.arguments for i, c in enumerate(whole.calls)}
 
 
-def test_a_model_dir_picks_its_format_from_template_and_manifest(tmp_path: Path) -> None:
+def test_a_model_dir_picks_its_format_from_template_and_manifest(tmp_path: Path,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
     import shutil
 
     from llamacpp import template
@@ -114,7 +115,9 @@ def test_a_model_dir_picks_its_format_from_template_and_manifest(tmp_path: Path)
     (d / "chat_template.jinja").write_text(template("meta-llama-Llama-3.1-8B-Instruct"), encoding="utf-8")
     assert TextCodec(d).tool_format.name == "llama3_json"
     (d / "ortserve.json").write_text(json.dumps({"tool_format": "hermes"}), encoding="utf-8")
-    assert TextCodec(d).tool_format.name == "hermes"  # the manifest wins
+    with caplog.at_level("INFO", logger="ortserve.engine"):
+        assert TextCodec(d).tool_format.name == "hermes"  # the manifest wins
+    assert "model: tool calls in the hermes syntax (from its manifest)" in caplog.text
     (d / "ortserve.json").write_text(json.dumps({"tool_format": "llama4"}), encoding="utf-8")
     with pytest.raises(ModelError, match=r"tool_format.*hermes, mistral, phi4, llama3_json, gemma"):
         TextCodec(d)

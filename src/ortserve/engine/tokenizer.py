@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import logging
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from ortserve.engine.formats import FALLBACK, Tool, ToolFormat, detect
+from ortserve.engine.formats import FALLBACK, Tool, ToolFormat, choose
 from ortserve.errors import InvalidRequest, ModelError
 
+log = logging.getLogger("ortserve.engine")
 ROLES = ("system", "user", "assistant", "tool", "developer")
 
 
@@ -36,9 +38,11 @@ class TextCodec:
         override = _read_json(model_dir / "ortserve.json").get("tool_format")
         specials = {t.content: i for i, t in self.tokenizer.get_added_tokens_decoder().items() if t.special}
         try:
-            self.tool_format = detect(template, specials, override if isinstance(override, str) else None).bind(specials)
+            fmt, source = choose(template, specials, override if isinstance(override, str) else None)
         except InvalidRequest as exc:
             raise ModelError(f"{model_dir / 'ortserve.json'}: {exc.message}") from exc
+        self.tool_format = fmt.bind(specials)
+        log.info("%s: tool calls in the %s syntax (from its %s)", model_dir.name, fmt.name, source)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)

@@ -10,7 +10,7 @@ from ortserve.engine.formats.base import (
            new_call_id,
 )
 from ortserve.engine.formats.parser import ToolCallParser
-from ortserve.engine.formats.registry import FALLBACK, FORMATS, by_name, detect
+from ortserve.engine.formats.registry import FALLBACK, FORMATS, by_name, choose, detect
 
 __all__ = ["FALLBACK", "FORMATS", "MAX_PARALLEL_CALLS", "TOOL_MARK", "Delta", "Tool", "ToolCall", "ToolCallParser",
-           "ToolFormat", "by_name", "detect", "new_call_id"]
+           "ToolFormat", "by_name", "choose", "detect", "new_call_id"]

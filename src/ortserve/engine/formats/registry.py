@@ -35,10 +35,18 @@ def by_name(name: str, param: str = "tool_format") -> ToolFormat:
 
 def detect(template: str | None, special_tokens: Iterable[str] = (), override: str | None = None) -> ToolFormat:
     """The format for a model: its manifest's choice, else its template's, else its vocabulary's, else Hermes."""
+    return choose(template, special_tokens, override)[0]
+
+
+def choose(template: str | None, special_tokens: Iterable[str] = (),
+           override: str | None = None) -> tuple[ToolFormat, str]:
+    """``detect`` and where the choice came from (for the load log): manifest, chat template,
+    vocabulary or fallback."""
     if override:
-        return by_name(override)
+        return by_name(override), "manifest"
     for fmt in ORDER:
         if template and any(marker in template for marker in fmt.detect):
-            return fmt
+            return fmt, "chat template"
     specials = set(special_tokens)
-    return next((fmt for token, fmt in TOKENS.items() if token in specials), FALLBACK)
+    found = next((fmt for token, fmt in TOKENS.items() if token in specials), None)
+    return (found, "vocabulary") if found else (FALLBACK, "fallback")
