@@ -23,10 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from ortserve.engine.jsonlark import JSON_STYLE, schema_lark
+from ortserve.engine.jsonlark import JSON_STYLE
 from ortserve.errors import InvalidRequest
-
-__all__ = ["JSON_STYLE", "Constraint", "Guidance", "Guide", "schema_lark"]
 
 KINDS = ("json_schema", "regex", "grammar")
 
