@@ -16,7 +16,8 @@ ROLES = ("system", "user", "assistant", "tool", "developer")
 
 
 class TextCodec:
-    tool_format: ToolFormat = FALLBACK
+    tool_format: ToolFormat = FALLBACK  # set per model in __init__ (engine/formats/registry.py)
+
     def __init__(self, model_dir: Path) -> None:
         from tokenizers import Tokenizer
 
