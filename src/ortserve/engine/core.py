@@ -140,6 +140,7 @@ class EngineCore(EngineThread):
             self.fault = None
         if seq.started_at is None:
             seq.started_at = time.perf_counter()
+        self.runner.use_adapter(seq.row, seq.adapter)  # its LoRA adapter's index in the row's input
         self.runner.byte_limit = self.scheduler.runner_limit
         if reuse is not None:
             self._reuse(seq, reuse)
@@ -358,7 +359,7 @@ class EngineCore(EngineThread):
         n = int(self.runner.lengths[seq.row])
         tokens = np.asarray((seq.prompt_ids + seq.output_ids)[:n])
         if self.cache is not None and self.scheduler.worth_keeping(seq, tokens, in_use=self.runner.nbytes):
-            self.cache.add(tokens, self.runner.save(seq.row), n * self.runner.bytes_per_token)
+            self.cache.add(tokens, self.runner.save(seq.row), n * self.runner.bytes_per_token, seq.adapter)
             self.runner.byte_limit = self.scheduler.runner_limit
 
     def apply_aborts(self, ids: set[str]) -> None:

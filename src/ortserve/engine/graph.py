@@ -20,24 +20,40 @@ _HEADS = {"MatMul", "MatMulNBits", "Gemm"}
 _PASS = {"Cast", "Identity"}  # may sit between the LM head and the output (fp16 models)
 
 
+def load_decoder(onnx_path: Path) -> Any:
+    """The decoder's graph without its weights (they stay in the external data file), or None
+    when the onnx package is missing or the file does not parse."""
+    try:
+        import onnx
+    except ImportError:
+        log.warning("the onnx package is missing: the decoder runs unedited")
+        return None
+    try:
+        return onnx.load(str(onnx_path), load_external_data=False)
+    except Exception:  # noqa: BLE001 - a corrupt file: ONNX Runtime's load reports it as a ModelError
+        return None
+
+
 def last_position_logits(onnx_path: Path) -> bytes | None:
     """The decoder with logits for the last position only, or None when the graph has no
     recognizable LM head (the caller then runs the model as it is)."""
-    try:
-        import onnx
-        from onnx import TensorProto, helper
-    except ImportError:
-        log.warning("the onnx package is missing: prefill computes logits for every prompt position")
+    model = load_decoder(onnx_path)
+    if model is None or not slice_last_position(model):
+        if model is not None:
+            log.warning("no LM head found before 'logits' in %s: prefill keeps all positions", onnx_path)
         return None
-    try:
-        model = onnx.load(str(onnx_path), load_external_data=False)
-    except Exception:  # noqa: BLE001 - a corrupt file: ONNX Runtime's load reports it as a ModelError
-        return None
+    return bytes(model.SerializeToString())
+
+
+def slice_last_position(model: Any) -> bool:
+    """Edit ``model`` in place so its logits cover the last position only; False (unchanged)
+    when the graph has no recognizable LM head."""
+    from onnx import TensorProto, helper
+
     graph = model.graph
     node = lm_head(graph)
     if node is None:
-        log.warning("no LM head found before 'logits' in %s: prefill keeps all positions", onnx_path)
-        return None
+        return False
     hidden = node.input[0]
     sliced = f"{hidden}/last_position"
     names = {"starts": [-1], "ends": [2**62], "axes": [1]}
@@ -55,7 +71,7 @@ def last_position_logits(onnx_path: Path) -> bytes | None:
             dim = out.type.tensor_type.shape.dim[1]
             dim.Clear()
             dim.dim_value = 1
-    return bytes(model.SerializeToString())
+    return True
 
 
 def lm_head(graph: Any) -> Any:

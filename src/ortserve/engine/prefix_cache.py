@@ -58,6 +58,7 @@ class Entry:
     tokens: np.ndarray
     block: Any
     nbytes: int
+    adapter: str = ""  # the LoRA adapter its KV was computed with (engine/lora.py); "" = the base
     used: int = 0  # LRU clock: higher is more recent
 
 
@@ -70,10 +71,13 @@ class PrefixCache:
         self.evictions = 0
         self._clock = count(1)
 
-    def match(self, tokens: np.ndarray) -> tuple[Entry | None, int]:
-        """The entry sharing the longest prefix with ``tokens``, and that prefix's length."""
+    def match(self, tokens: np.ndarray, adapter: str = "") -> tuple[Entry | None, int]:
+        """The entry sharing the longest prefix with ``tokens``, and that prefix's length. Only
+        entries of the same adapter match: another adapter's KV differs from the first token."""
         best, n = None, 0
         for e in self.entries:
+            if e.adapter != adapter:
+                continue
             m = common_prefix(tokens, e.tokens)
             if m > n:
                 best, n = e, m
@@ -82,19 +86,19 @@ class PrefixCache:
     def touch(self, entry: Entry) -> None:
         entry.used = next(self._clock)
 
-    def covers(self, tokens: np.ndarray) -> Entry | None:
-        """A kept entry that already holds all of ``tokens`` (nothing new to add)."""
+    def covers(self, tokens: np.ndarray, adapter: str = "") -> Entry | None:
+        """A kept entry (of the same adapter) that already holds all of ``tokens`` (nothing new to add)."""
         for e in self.entries:
-            if len(e.tokens) >= len(tokens) and common_prefix(tokens, e.tokens) == len(tokens):
+            if e.adapter == adapter and len(e.tokens) >= len(tokens) and common_prefix(tokens, e.tokens) == len(tokens):
                 return e
         return None
 
-    def add(self, tokens: np.ndarray, block: Any, nbytes: int) -> Entry:
-        """Keep ``block`` as the KV of ``tokens``; entries it extends are dropped."""
-        for e in [e for e in self.entries if len(e.tokens) <= len(tokens)
+    def add(self, tokens: np.ndarray, block: Any, nbytes: int, adapter: str = "") -> Entry:
+        """Keep ``block`` as the KV of ``tokens``; entries (of the same adapter) it extends are dropped."""
+        for e in [e for e in self.entries if e.adapter == adapter and len(e.tokens) <= len(tokens)
                   and common_prefix(tokens, e.tokens) == len(e.tokens)]:
             self._drop(e)
-        entry = Entry(tokens=tokens, block=block, nbytes=nbytes)
+        entry = Entry(tokens=tokens, block=block, nbytes=nbytes, adapter=adapter)
         self.touch(entry)
         self.entries.append(entry)
         self.nbytes += nbytes

@@ -18,8 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from ortserve.engine.graph import last_position_logits
+from ortserve.engine.graph import load_decoder, slice_last_position
 from ortserve.engine.kvcache import DeviceKV, HostKV, device_of
+from ortserve.engine.lora import IDS, Adapter, add_lora, find_targets, stacks
 from ortserve.engine.runtime import anon_mappings, use_huge_pages
 from ortserve.errors import ModelError
 
@@ -33,6 +34,7 @@ class ModelSpec:
     onnx_path: Path
     layers: int
     kv_heads: int
+    heads: int
     head_size: int
     vocab_size: int
     context_length: int
@@ -56,6 +58,7 @@ class ModelSpec:
             eos_ids = tuple(eos) if isinstance(eos, list) else (int(eos),)
             spec = cls(onnx_path=model_dir / dec.get("filename", "model.onnx"),
                        layers=int(dec["num_hidden_layers"]), kv_heads=int(dec["num_key_value_heads"]),
+                       heads=int(dec.get("num_attention_heads", dec["num_key_value_heads"])),
                        head_size=int(dec["head_size"]), vocab_size=int(m["vocab_size"]),
                        context_length=int(m.get("context_length") or cfg["search"]["max_length"]),
                        eos_token_ids=eos_ids, bos_token_id=m.get("bos_token_id"),
@@ -74,10 +77,12 @@ class Runner:
 
     def __init__(self, spec: ModelSpec, *, slots: int = 16, capacity: int = 256,
                  providers: list[Any] | None = None, session_options: Any = None,
-                 kv_placement: str = "auto", last_logits_only: bool = True, huge_pages: bool = True) -> None:
+                 kv_placement: str = "auto", last_logits_only: bool = True, huge_pages: bool = True,
+                 lora: bool = False) -> None:
         """``kv_placement``: ``host`` (numpy), ``device`` (OrtValues on the provider's device) or
         ``auto`` (host for the CPU provider, device for the others). ``huge_pages``: put the CPU
-        provider's prepacked weights in transparent huge pages (engine/runtime.py ``use_huge_pages``)."""
+        provider's prepacked weights in transparent huge pages (engine/runtime.py ``use_huge_pages``).
+        ``lora``: add the batched LoRA term (engine/lora.py); adapters come with ``set_adapters``."""
         import onnxruntime as ort
 
         self.spec = spec
@@ -86,13 +91,26 @@ class Runner:
         # logits for the last position only (engine/graph.py): prefill memory and LM-head work
         # no longer grow with the prompt
         model: str | bytes = str(spec.onnx_path)
-        edited = last_position_logits(spec.onnx_path) if last_logits_only else None
+        proto = load_decoder(spec.onnx_path) if last_logits_only or lora else None
+        sliced = proto is not None and last_logits_only and slice_last_position(proto)
+        self.lora_targets = []
+        if lora:
+            if proto is None:
+                raise ModelError("LoRA adapters need the onnx package (pip install onnx)")
+            kv = next(i for i in proto.graph.input if i.name == "past_key_values.0.key")
+            self.lora_targets = find_targets(proto.graph, q_width=spec.heads * spec.head_size,
+                                             kv_width=spec.kv_heads * spec.head_size)
+            if not self.lora_targets:
+                raise ModelError(f"{spec.onnx_path} has no projection the LoRA edit recognizes")
+            self.lora_dtype = np.float16 if kv.type.tensor_type.elem_type == 10 else np.float32
+            add_lora(proto, self.lora_targets, self.lora_dtype)
+        edited = bytes(proto.SerializeToString()) if sliced or lora else None
         if edited is not None:
             model = edited
             session_options = session_options or ort.SessionOptions()
             session_options.add_session_config_entry("session.model_external_initializers_file_folder_path",
                                                      str(spec.onnx_path.parent))
-        self.last_logits_only = edited is not None
+        self.last_logits_only = bool(sliced)
         huge_pages = huge_pages and device_of(providers[0]) == "cpu"
         before = anon_mappings() if huge_pages else set()
         try:
@@ -121,6 +139,11 @@ class Runner:
         else:
             self.kv = HostKV(2 * spec.layers, self.dtype)
         self._bindings: dict[tuple[int, int, int], Any] = {}
+        self.adapters: dict[str, int] = {"": 0}  # adapter name -> its index in the stacks (0: the base)
+        self.row_adapter = np.zeros(slots, dtype=np.int64)  # each row's adapter index
+        self._stacks: dict[str, Any] = {}
+        if lora:
+            self.set_adapters([])
         # bytes one token takes in one row, keys and values of every layer
         self.bytes_per_token = 2 * spec.layers * spec.kv_heads * spec.head_size * np.dtype(self.dtype).itemsize
         self.byte_limit = 1 << 62  # the KV budget: growth stops short of it (the scheduler keeps within)
@@ -168,11 +191,31 @@ class Runner:
         """Copy row ``src`` into row ``dst`` (compaction when a sequence retires)."""
         n = int(self.lengths[src])
         self.kv.move_row(src, dst, n)
+        self.row_adapter[dst] = self.row_adapter[src]
         self.lengths[dst] = n
         self.lengths[src] = 0
 
     def clear(self, row: int) -> None:
         self.lengths[row] = 0
+
+    # ---- LoRA adapters (engine/lora.py) -------------------------------------
+    def set_adapters(self, adapters: list[Adapter]) -> None:
+        """Serve exactly ``adapters`` from now on (the stacks are rebuilt; no new session).
+        Call it between steps: rows keep their adapter's name, so the caller re-marks running rows."""
+        import onnxruntime as ort
+
+        if not self.lora_targets:
+            raise ModelError("this runner was loaded without LoRA support (Runner(lora=True))")
+        arrays = stacks(self.lora_targets, adapters, self.lora_dtype)
+        self._stacks = {k: ort.OrtValue.ortvalue_from_numpy(v) for k, v in arrays.items()}
+        self.adapters = {"": 0} | {a.name: i for i, a in enumerate(adapters, start=1)}
+        self._bindings = {}
+
+    def use_adapter(self, row: int, adapter: str) -> None:
+        """Run ``row`` with ``adapter`` ("" for the base); KeyError when it is not loaded."""
+        if adapter and not self.lora_targets:
+            raise KeyError(adapter)
+        self.row_adapter[row] = self.adapters[adapter]
 
     # ---- prefix reuse (engine/prefix_cache.py) ------------------------------
     def save(self, row: int) -> Any:
@@ -211,6 +254,8 @@ class Runner:
                     ptr = self.kv.pointer(2 * layer + j, rows.start)
                     io.bind_input(f"past_key_values.{layer}.{kind}", where, 0, self.dtype, shape, ptr)
                     io.bind_output(f"present.{layer}.{kind}", where, 0, self.dtype, shape, ptr)
+            for name, value in self._stacks.items():
+                io.bind_ortvalue_input(name, value)
             if len(self._bindings) > 4 * self.slots:
                 self._bindings.clear()
             self._bindings[key] = io
@@ -221,6 +266,8 @@ class Runner:
         io = self._binding(rows)
         io.bind_cpu_input("input_ids", input_ids.astype(self.ids_dtype, copy=False))
         io.bind_cpu_input("attention_mask", mask.astype(self.mask_dtype, copy=False))
+        if self.lora_targets:
+            io.bind_cpu_input(IDS, self.row_adapter[rows].copy())
         if self.has_position_ids:
             pos = np.maximum(np.cumsum(mask, axis=1) - 1, 0)[:, -input_ids.shape[1]:]
             io.bind_cpu_input("position_ids", pos.astype(self.ids_dtype))

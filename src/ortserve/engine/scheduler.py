@@ -116,7 +116,7 @@ class Scheduler:
         cache = self.cache
         if cache is None or seq.reason not in KEEP or len(tokens) < MIN_REUSE:
             return False
-        held = cache.covers(tokens)
+        held = cache.covers(tokens, seq.adapter)
         if held is not None:  # nothing new in it
             cache.touch(held)
             return False
@@ -212,9 +212,11 @@ class Scheduler:
         if self.cache is None:
             return None
         tokens = np.asarray(seq.prefix())
-        entry, best = self.cache.match(tokens)
+        entry, best = self.cache.match(tokens, seq.adapter)
         row = None
         for s in self.running:
+            if s.adapter != seq.adapter:  # never across adapters
+                continue
             held = np.asarray((s.prompt_ids + s.output_ids)[:self.row_length(s.row)])
             n = common_prefix(tokens, held)
             if n >= best:  # a tie: the row (no cache block is touched)

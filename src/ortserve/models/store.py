@@ -63,8 +63,9 @@ class Variant:
     speed: dict[str, Any] = field(default_factory=dict)    # e.g. {"decode_tps": 79.0}
     notes: dict[str, Any] = field(default_factory=dict)
     link: str = ""                  # imported with --link: the files live here, not in ``path``
-    kind: str = "chat"              # chat (ONNX GenAI) | embedding (engine/embed.py)
+    kind: str = "chat"              # chat (ONNX GenAI) | embedding (engine/embed.py) | adapter (LoRA)
     sampling: dict[str, Any] = field(default_factory=dict)  # the model's own sampling defaults (models/sampling.py)
+    base: str = ""                  # kind "adapter" (models/adapters.py): the id of the model it applies to
 
     @property
     def id(self) -> str:
