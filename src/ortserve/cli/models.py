@@ -1,4 +1,4 @@
-"""`ortserve models ...`: list, show, import, convert, verify, rm, pull.
+"""`ortserve models ...`: list, show, import, import-adapter, convert, verify, rm, pull.
 
 Every command prints a one-line ``error: <message> (<hint>)`` and exits 2 (user
 mistake) or 1 (anything else) on failure; ``--json`` gives machine-readable output.
@@ -186,6 +186,32 @@ def import_cmd(path: str, model_id: str | None, link: bool, requantize: str | No
         v = import_path(_store(), Path(path), model_id=model_id, precision=requantize or precision,
                         device=device, options=opts, link=link, progress=progress)
     _report_install(v, as_json)
+
+
+@models_group.command("import-adapter")
+@click.argument("path", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--base", required=True, help="The installed model the adapter was trained on (id or alias).")
+@click.option("--id", "adapter_id", default=None, help="Adapter id (default: the directory's name).")
+@click.option("--scale", type=float, default=1.0, show_default=True,
+              help="Multiplies the adapter's own lora_alpha/r (as llama-server's --lora-scaled).")
+@json_option
+@handles_errors
+def import_adapter_cmd(path: Path, base: str, adapter_id: str | None, scale: float, as_json: bool) -> None:
+    """Import a PEFT LoRA adapter directory (adapter_config.json + adapter_model.safetensors).
+
+    It is checked against --base (layers, shapes, rank, target modules) and served per request
+    as model "BASE:ID" or "ID" (docs/lora.md).
+    """
+    from ortserve.models.adapters import import_adapter
+
+    v = import_adapter(_store(), path, base, name=adapter_id, scale=scale)
+    if as_json:
+        _emit(v.to_json())
+        return
+    n = v.notes
+    click.echo(f"imported adapter {v.model} for {v.base}: rank {n['rank']}, scale {n['scale']}, "
+               f"targets {', '.join(n['target_modules'])}")
+    click.echo(f"use it as model \"{v.base.partition(':')[0]}:{v.model}\" or \"{v.model}\"")
 
 
 @models_group.command("convert")

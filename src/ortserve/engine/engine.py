@@ -15,6 +15,7 @@ from ortserve.engine.core import EngineCore
 from ortserve.engine.detokenize import IncrementalDetokenizer
 from ortserve.engine.formats import Tool
 from ortserve.engine.guidance import Guidance, Guide, constraint_of
+from ortserve.engine.lora import Adapter, AdapterView
 from ortserve.engine.runner import ModelSpec, Runner
 from ortserve.engine.runtime import DeviceChoice, candidates, session_options
 from ortserve.engine.sequence import Sequence
@@ -36,7 +37,8 @@ log = logging.getLogger("ortserve.engine")
 class LoadedModel:
     """A model directory loaded for serving: spec, tokenizer, runner and the device it runs on."""
 
-    def __init__(self, model_dir: Path, settings: Any = None, model_id: str | None = None) -> None:
+    def __init__(self, model_dir: Path, settings: Any = None, model_id: str | None = None,
+                 adapters: list[Adapter] | None = None) -> None:
         require_genai()  # the builder's models and their genai_config come from onnxruntime-genai
         model_dir = Path(model_dir)
         if not model_dir.is_dir():
@@ -45,6 +47,7 @@ class LoadedModel:
         self.dir = model_dir
         self.id = model_id or model_dir.name
         self.spec = ModelSpec.read(model_dir)
+        self.adapters = list(adapters or [])  # LoRA adapters served over this model (engine/lora.py)
         self.codec = TextCodec(model_dir)
         max_length = getattr(settings, "max_length", None)
         self.context_length = min(self.spec.context_length, max_length or self.spec.context_length)
@@ -61,7 +64,10 @@ class LoadedModel:
                 runner = Runner(self.spec, slots=slots, providers=[choice.provider], session_options=so,
                                 kv_placement=str(getattr(settings, "kv_placement", "auto")),
                                 last_logits_only=bool(getattr(settings, "last_logits_only", True)),
-                                huge_pages=bool(getattr(settings, "huge_pages", True)))
+                                huge_pages=bool(getattr(settings, "huge_pages", True)),
+                                lora=bool(self.adapters))
+                if self.adapters:
+                    runner.set_adapters(self.adapters)
             except ModelError as exc:
                 if i == len(options) - 1 and not errors:
                     raise  # nothing to fall back to: the error as it is
@@ -124,8 +130,34 @@ class AsyncEngine:
         self.core = core
 
     @classmethod
-    def load(cls, model_dir: Path, settings: Any = None, model_id: str | None = None) -> AsyncEngine:
-        return cls(LoadedModel(model_dir, settings, model_id), settings)
+    def load(cls, model_dir: Path, settings: Any = None, model_id: str | None = None,
+             adapters: list[Adapter] | None = None) -> AsyncEngine:
+        return cls(LoadedModel(model_dir, settings, model_id, adapters), settings)
+
+    # ---- LoRA adapters (engine/lora.py) -------------------------------------
+    @property
+    def adapter_names(self) -> list[str]:
+        return [a.name for a in self.model.adapters]
+
+    def with_adapter(self, adapter: str, model_id: str | None = None) -> AdapterView:
+        """This engine as requests for ``adapter`` see it: same session, same KV budget."""
+        if adapter not in self.adapter_names:
+            raise InvalidRequest(f"adapter {adapter!r} is not loaded on {self.model_id} "
+                                 f"(loaded: {', '.join(self.adapter_names) or 'none'})", param="model",
+                                 code="model_not_found")
+        return AdapterView(self, adapter, model_id or f"{self.model_id}:{adapter}")
+
+    def add_adapter(self, adapter: Adapter) -> None:
+        """Serve one more adapter; the loop takes it before its next admission (no new session)."""
+        if not self.core.runner.lora_targets:
+            raise ModelError(f"{self.model_id} was loaded without LoRA support; unload it (or restart) "
+                             f"to serve adapter {adapter.name!r}")
+        names = self.adapter_names  # a replaced adapter keeps its index: running rows point at it
+        if adapter.name in names:
+            self.model.adapters[names.index(adapter.name)] = adapter
+        else:
+            self.model.adapters.append(adapter)
+        self.core.runner.stage_adapters(self.model.adapters)
 
     # ---- facts ------------------------------------------------------------
     @property
@@ -209,7 +241,10 @@ class AsyncEngine:
 
     def submit(self, *, prompt: str | None = None, messages: list[dict[str, Any]] | None = None,
                params: SamplingParams | None = None, request_id: str | None = None,
-               tools: list[Tool] | None = None) -> RequestHandle:
+               tools: list[Tool] | None = None, adapter: str = "") -> RequestHandle:
+        if adapter and adapter not in self.adapter_names:
+            raise InvalidRequest(f"adapter {adapter!r} is not loaded on {self.model_id}", param="model",
+                                 code="model_not_found")
         problem = self.health()
         if problem is not None:
             raise Unavailable(f"the engine cannot take requests now: {problem}",
@@ -222,7 +257,7 @@ class AsyncEngine:
         handle = RequestHandle(self, request_id or f"req-{uuid.uuid4().hex[:24]}", len(ids), timeout or None)
         loop = asyncio.get_running_loop()
         queue = handle.queue
-        seq = Sequence(id=handle.id, prompt_ids=ids, params=params, model=self.model_id,
+        seq = Sequence(id=handle.id, prompt_ids=ids, params=params, model=adapter or self.model_id, adapter=adapter,
                        sink=lambda ev: loop.call_soon_threadsafe(queue.put_nowait, ev),
                        detok=IncrementalDetokenizer(self.codec.decode), guide=guide)
         self.core.add(seq)

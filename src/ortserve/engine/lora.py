@@ -161,3 +161,22 @@ def stacks(targets: list[Target], adapters: list[Adapter], dtype: Any) -> dict[s
         out[f"lora.{t.key}.A"] = a_stack
         out[f"lora.{t.key}.B"] = b_stack
     return out
+
+
+class AdapterView:
+    """An engine as the requests for one adapter see it: ``submit``/``generate`` run on the base
+    engine with ``adapter`` set on the sequence; everything else is the base engine's."""
+
+    def __init__(self, engine: Any, adapter: str, model_id: str) -> None:
+        self.engine = engine
+        self.adapter = adapter
+        self.model_id = model_id
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.engine, name)
+
+    def submit(self, **kw: Any) -> Any:
+        return self.engine.submit(adapter=self.adapter, **kw)
+
+    async def generate(self, **kw: Any) -> Any:
+        return await self.engine.generate(adapter=self.adapter, **kw)

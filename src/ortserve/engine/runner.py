@@ -142,6 +142,7 @@ class Runner:
         self.adapters: dict[str, int] = {"": 0}  # adapter name -> its index in the stacks (0: the base)
         self.row_adapter = np.zeros(slots, dtype=np.int64)  # each row's adapter index
         self._stacks: dict[str, Any] = {}
+        self._staged: list[Adapter] | None = None  # a new adapter set, taken by the loop thread
         if lora:
             self.set_adapters([])
         # bytes one token takes in one row, keys and values of every layer
@@ -211,8 +212,16 @@ class Runner:
         self.adapters = {"": 0} | {a.name: i for i, a in enumerate(adapters, start=1)}
         self._bindings = {}
 
+    def stage_adapters(self, adapters: list[Adapter]) -> None:
+        """From another thread: ``adapters`` (the current ones first, in order, so running rows keep
+        their indices) become the set at the next admission."""
+        self._staged = list(adapters)
+
     def use_adapter(self, row: int, adapter: str) -> None:
         """Run ``row`` with ``adapter`` ("" for the base); KeyError when it is not loaded."""
+        if self._staged is not None:
+            staged, self._staged = self._staged, None
+            self.set_adapters(staged)
         if adapter and not self.lora_targets:
             raise KeyError(adapter)
         self.row_adapter[row] = self.adapters[adapter]

@@ -8,9 +8,8 @@ seconds, then gets 503 with Retry-After. Loaded models count against one memory 
 when a new one does not fit, idle unpinned models go, least recently used first. A model
 larger than the whole budget gets 507 naming the numbers.
 
-What it manages is anything with ``async start()``, ``async stop()`` and a way to say it is
-busy (``stats()`` with running/waiting, like AsyncEngine, or ``busy()``): chat engines today,
-embedding models through :meth:`ModelManager.register_kind`.
+It manages anything with ``async start()``, ``async stop()`` and ``stats()`` or ``busy()``: chat engines
+(LoRA adapters ride on their base's, server/adapters.py), embedding models (:meth:`register_kind`).
 """
 
 from __future__ import annotations
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ortserve.errors import InvalidRequest, NotFound, OrtServeError, Unavailable
+from ortserve.server.adapters import adapter_engine, adapters_for_dir, find_adapter
 from ortserve.server.memory import (
     MB,
     Estimator,
@@ -78,7 +78,7 @@ class ModelManager:
         if capped and not int(getattr(settings, "kv_cache_mb", 0) or 0) and hasattr(settings, "model_copy"):
             cap_mb = max(1, math.ceil(kv_cap_bytes(settings, model_dir) / MB))
             settings = settings.model_copy(update={"kv_cache_mb": cap_mb})
-        return AsyncEngine.load(model_dir, settings, model_id)
+        return AsyncEngine.load(model_dir, settings, model_id, adapters_for_dir(self.settings, model_dir))
 
     @property
     def keep_alive_default(self) -> float:
@@ -115,6 +115,8 @@ class ModelManager:
     # ---- what requests call -----------------------------------------------------------
     async def get(self, name: str | None, *, kind: str = "chat", keep_alive: Any = None) -> Any:
         """The started object for ``name``: loaded on first use, waited for while loading."""
+        if kind == "chat" and (adapter := find_adapter(self, name)) is not None:  # LoRA: the base's engine
+            return await adapter_engine(self, adapter, keep_alive)
         slot = await self.slot_for(name, kind=kind)
         if slot.kind != kind:  # e.g. an embedding model's id on a chat route
             where = "/v1/embeddings" if slot.kind == "embedding" else "the chat routes"
@@ -385,7 +387,8 @@ class ModelManager:
                          "keep_alive": ka,
                          "expires_in": None if ka < 0 or s.obj is None else round(max(0.0, ka - idle), 3),
                          "running": getattr(st, "running", 0), "waiting": getattr(st, "waiting", 0),
-                         "device": getattr(s.obj, "device", None), "path": str(s.dir)})
+                         "device": getattr(s.obj, "device", None), "path": str(s.dir),
+                         "adapters": list(getattr(s.obj, "adapter_names", []))})
         return rows
 
     def summary(self) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""GET /v1/models: the pinned model, every store model (chat and embedding), and the router's."""
+"""GET /v1/models: the pinned model, every store model (chat, embedding, LoRA adapter), and the router's."""
 
 from __future__ import annotations
 
@@ -42,6 +42,12 @@ def store_models(st: Any, skip: set[str]) -> list[dict[str, Any]]:
     for v in ModelStore(st.settings.store_dir).variants():
         if v.id in skip or Path(v.model_dir).resolve() in served_dirs:
             continue  # the pinned model, listed first under the name it was started with
+        if v.kind == "adapter":  # LoRA (server/adapters.py): named by its id, served on its base
+            out.append({"id": v.model, "object": "model", "created": int(v.created), "owned_by": "ortserve",
+                        "context_length": v.context_length or None, "kind": "adapter", "parent": v.base,
+                        "root": v.base, "aliases": [f"{v.base.partition(':')[0]}:{v.model}", *v.aliases],
+                        "loaded": any(v.model in r.get("adapters", []) for r in rows), "pinned": False})
+            continue
         row = loaded.get(v.id)
         out.append({"id": v.id, "object": "model", "created": int(v.created), "owned_by": "ortserve",
                     "context_length": v.context_length or None, "loaded": bool(row and row["state"] == "loaded"),

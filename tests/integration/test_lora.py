@@ -1,0 +1,191 @@
+"""LoRA adapters (issue 35) on the tiny random Llama: PEFT adapters made with peft (random,
+nonzero A and B on every attention and MLP projection), imported into the store, served by the
+real engine; the reference is the merged-weights model (W + scale * B @ A) exported separately
+through ortserve's own builder path."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from ortserve.engine import AsyncEngine
+from ortserve.engine.runner import ModelSpec, Runner
+from ortserve.models.adapters import AdapterError, import_adapter, load_adapter, read_peft
+from ortserve.models.store import ModelStore
+from ortserve.types import SamplingParams
+
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+PROMPTS = ["The capital of France is", "Once upon a time", "def fibonacci(n):"]
+GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+
+
+def make_peft(hf_dir: Path, out: Path, *, seed: int, r: int, merged: Path | None = None) -> Path:
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from ortserve.models.convert import copy_tokenizer_files
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, torch_dtype=torch.float32)
+    # init_lora_weights=False: A and B both random (peft's default zero B would be a no-op adapter)
+    peft_model = get_peft_model(model, LoraConfig(r=r, lora_alpha=2 * r, target_modules=TARGETS,
+                                                  init_lora_weights=False))
+    peft_model.save_pretrained(out)
+    if merged is not None:
+        peft_model.merge_and_unload().save_pretrained(merged)
+        copy_tokenizer_files(hf_dir, merged)
+    return out
+
+
+@pytest.fixture(scope="module")
+def lora(tmp_path_factory: pytest.TempPathFactory, tiny_hf_dir: Path, tiny_model: Path) -> SimpleNamespace:
+    from ortserve.models.convert import build_onnx
+
+    root = tmp_path_factory.mktemp("lora")
+    one = make_peft(tiny_hf_dir, root / "my-adapter", seed=1, r=4, merged=root / "merged-hf")
+    two = make_peft(tiny_hf_dir, root / "other", seed=2, r=8)
+    merged = build_onnx(root / "merged-hf", root / "merged-onnx", precision="fp32")
+    home = root / "home"
+    store = ModelStore(home / "models")
+    store.install("tiny", "fp32-cpu", lambda _tmp: {"precision": "fp32", "device": "cpu", "link": str(tiny_model)})
+    v1 = import_adapter(store, one, "tiny")
+    v2 = import_adapter(store, two, "tiny")
+    return SimpleNamespace(root=root, one=one, two=two, merged=merged, home=home, store=store,
+                           adapters=[load_adapter(v1), load_adapter(v2)])
+
+
+def answers(engine: AsyncEngine, *batches: list[tuple[str, str]]) -> list[list[tuple[list[int], str]]]:
+    """Greedy answers of each batch of (adapter, prompt) jobs, a batch submitted at once (mixed)."""
+    async def one(jobs: list[tuple[str, str]]) -> list[tuple[list[int], str]]:
+        handles = [engine.submit(prompt=p, params=GREEDY, adapter=a) for a, p in jobs]
+        out = []
+        for h in handles:
+            ids, text = [], []
+            async for ev in h:
+                ids += ev.token_ids
+                text.append(ev.text)
+            out.append((ids, "".join(text)))
+        return out
+
+    async def go() -> list[list[tuple[list[int], str]]]:
+        await engine.start()
+        try:
+            return [await one(b) for b in batches]
+        finally:
+            await engine.stop()
+
+    return asyncio.run(go())
+
+
+def test_adapter_logits_and_tokens_equal_the_merged_model(lora: SimpleNamespace, tiny_model: Path) -> None:
+    spec = ModelSpec.read(tiny_model)
+    runner = Runner(spec, slots=4, lora=True)
+    runner.set_adapters(lora.adapters)
+    merged = Runner(ModelSpec.read(lora.merged), slots=4)
+    base = Runner(spec, slots=4)
+    ids = [1, 504, 3032, 282, 4649, 314]
+    runner.use_adapter(0, "my-adapter")
+    got, want, plain = runner.prefill(0, ids), merged.prefill(0, ids), base.prefill(0, ids)
+    scale = np.abs(want).max()
+    assert np.abs(got - want).max() <= 1e-4 * scale
+    assert np.abs(plain - want).max() > 1e-2 * scale  # the adapter changes the model
+    for _ in range(8):  # decode steps: the KV written with the adapter stays exact
+        tok = np.array([int(want.argmax())])
+        assert int(got.argmax()) == tok[0]
+        got, want = runner.decode(tok)[0], merged.decode(tok)[0]
+        assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
+    engine = AsyncEngine.load(tiny_model, adapters=lora.adapters)
+    reference = AsyncEngine.load(lora.merged)
+    assert answers(engine, [("my-adapter", p) for p in PROMPTS]) == answers(reference, [("", p) for p in PROMPTS])
+
+
+def test_a_mixed_batch_gives_each_row_its_own_answer(lora: SimpleNamespace, tiny_model: Path) -> None:
+    engine = AsyncEngine.load(tiny_model, adapters=lora.adapters)
+    jobs = [(a, p) for p in PROMPTS for a in ("", "my-adapter", "other")]
+    together, *alone = answers(engine, jobs, *[[job] for job in jobs])
+    alone = [a[0] for a in alone]
+    assert together == alone
+    for i in range(0, len(jobs), 3):  # three different models: three different answers
+        assert len({tuple(ids) for ids, _ in together[i:i + 3]}) == 3
+
+
+def test_the_prefix_cache_never_matches_across_adapters(lora: SimpleNamespace, tiny_model: Path) -> None:
+    engine = AsyncEngine.load(tiny_model, adapters=lora.adapters)
+    prompt = "A long shared system prompt that an agent resends on every turn, " * 4
+
+    async def go() -> list[int]:
+        await engine.start()
+        try:
+            cached = []
+            for adapter in ("my-adapter", "other", "my-adapter"):
+                out = await engine.generate(prompt=prompt, params=GREEDY, adapter=adapter)
+                cached.append(out.metrics.cached_tokens)
+            return cached
+        finally:
+            await engine.stop()
+
+    first, other, again = asyncio.run(go())
+    assert first == 0 and other == 0  # another adapter's KV is never reused
+    assert again > 0                  # the same adapter's is
+
+
+def write_peft(src: Path, dst: Path, *, config: dict | None = None, tensors=None) -> Path:  # type: ignore[no-untyped-def]
+    from safetensors.numpy import load_file, save_file
+
+    shutil.copytree(src, dst)
+    cfg = json.loads((src / "adapter_config.json").read_text()) | (config or {})
+    (dst / "adapter_config.json").write_text(json.dumps(cfg))
+    if tensors is not None:
+        save_file(tensors(load_file(str(src / "adapter_model.safetensors"))), str(dst / "adapter_model.safetensors"))
+    return dst
+
+
+def test_mismatched_adapters_fail_at_import_naming_the_mismatch(lora: SimpleNamespace, tmp_path: Path) -> None:
+    def narrower(t: dict) -> dict:  # trained on a base with hidden size 32, not 64
+        return {k: (v[:, :32] if "q_proj.lora_A" in k else v) for k, v in t.items()}
+
+    def embed(t: dict) -> dict:
+        k = next(k for k in t if "self_attn.q_proj" in k)
+        return t | {k.replace("self_attn.q_proj", "self_attn.rotary"): t[k]}
+
+    def deep(t: dict) -> dict:  # a layer the 2-layer base does not have
+        return t | {k.replace("layers.0.", "layers.7."): v for k, v in t.items() if "layers.0." in k}
+
+    cases = [(write_peft(lora.one, tmp_path / "hidden", tensors=narrower), "shape mismatch at layers.0.q_proj"),
+             (write_peft(lora.one, tmp_path / "rank", config={"r": 16}), "rank mismatch"),
+             (write_peft(lora.one, tmp_path / "target", tensors=embed), "rotary"),
+             (write_peft(lora.one, tmp_path / "deep", tensors=deep), "layers.7"),
+             (write_peft(lora.one, tmp_path / "dora", config={"use_dora": True}), "DoRA")]
+    for path, needle in cases:
+        with pytest.raises(AdapterError, match=needle.replace(".", r"\.")):
+            import_adapter(lora.store, path, "tiny", name=path.name)
+    assert {v.model for v in lora.store.variants() if v.kind == "adapter"} == {"my-adapter", "other"}
+    _, weights = read_peft(lora.one, scale=0.5)  # --scale multiplies the adapter's own alpha/r
+    _, full = read_peft(lora.one)
+    assert np.allclose(2 * weights["layers.1.down_proj"][1], full["layers.1.down_proj"][1])
+
+
+def test_import_adapter_cli_and_store_manifest(lora: SimpleNamespace, tmp_path: Path) -> None:
+    env = {**os.environ, "ORTSERVE_HOME": str(lora.home)}
+    cmd = [sys.executable, "-m", "ortserve.cli.main", "models", "import-adapter", str(lora.two), "--base", "tiny",
+           "--id", "cli-adapter", "--scale", "0.5", "--json"]
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert res.returncode == 0, res.stderr
+    v = json.loads(res.stdout)
+    assert v["kind"] == "adapter" and v["base"] == "tiny:fp32-cpu" and v["notes"]["rank"] == 8
+    assert set(v["notes"]["target_modules"]) == set(TARGETS)
+    assert lora.store.verify(lora.store.get("cli-adapter")) == {"corrupt": [], "missing": [], "extra": []}
+    bad = subprocess.run(cmd[:5] + [str(lora.one), "--base", "no-such-model"], env=env, capture_output=True,
+                         text=True, timeout=120, check=False)
+    assert bad.returncode != 0 and "no-such-model" in bad.stderr + bad.stdout
+    lora.store.remove("cli-adapter")
