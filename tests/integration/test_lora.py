@@ -189,3 +189,43 @@ def test_import_adapter_cli_and_store_manifest(lora: SimpleNamespace, tmp_path: 
                          text=True, timeout=120, check=False)
     assert bad.returncode != 0 and "no-such-model" in bad.stderr + bad.stdout
     lora.store.remove("cli-adapter")
+
+
+def test_openai_client_picks_the_adapter_by_model_name(lora: SimpleNamespace, tiny_model: Path) -> None:
+    import httpx
+    import openai
+
+    from tests.servers import ServerThread
+
+    msg = [{"role": "user", "content": "Say hi"}]
+    merged = AsyncEngine.load(lora.merged)
+
+    async def want() -> str:
+        await merged.start()
+        try:
+            return (await merged.generate(messages=msg, params=SamplingParams(temperature=0.0, max_tokens=8))).text
+        finally:
+            await merged.stop()
+
+    with ServerThread(tiny_model, home=lora.home) as srv:
+        client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="none")
+
+        def ask(model: str) -> openai.types.chat.ChatCompletion:
+            return client.chat.completions.create(model=model, messages=msg, max_tokens=8, temperature=0)
+
+        base, by_base, by_id, other = ask("tiny"), ask("tiny:my-adapter"), ask("my-adapter"), ask("tiny:other")
+        assert by_base.model == by_id.model == "my-adapter" and other.model == "other"
+        assert by_base.choices[0].message.content == by_id.choices[0].message.content == asyncio.run(want())
+        assert len({base.choices[0].message.content, by_id.choices[0].message.content,
+                    other.choices[0].message.content}) == 3
+        listed = {m.id: m for m in client.models.list().data}
+        assert listed["my-adapter"].parent == "tiny:fp32-cpu" and listed["my-adapter"].kind == "adapter"
+        ps = httpx.get(f"{srv.url}/v1/admin/ps", timeout=10).json()["models"]
+        assert sorted(ps[0]["adapters"]) == ["my-adapter", "other"]
+        with pytest.raises(openai.NotFoundError) as err:
+            ask("tiny:no-such-adapter")
+        assert err.value.body["param"] == "model"
+        import_adapter(lora.store, lora.two, "tiny", name="late")  # imported while the base serves
+        assert ask("tiny:late").choices[0].message.content == other.choices[0].message.content
+        assert "late" in httpx.get(f"{srv.url}/v1/admin/ps", timeout=10).json()["models"][0]["adapters"]
+    lora.store.remove("late")
