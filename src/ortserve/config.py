@@ -90,6 +90,10 @@ class Settings(BaseSettings):
     prefix_cache: bool = Field(True, validation_alias=_env("ORTSERVE_PREFIX_CACHE"),
                                description="Keep finished requests' KV (inside kv_cache_mb) and start new "
                                            "prompts from the longest shared prefix; off: prefill every prompt whole")
+    lora_mode: Literal["mask", "gather"] = Field(
+        "mask", validation_alias=_env("ORTSERVE_LORA_MODE"),
+        description="How a batch mixing LoRA adapters computes the term (docs/lora.md): mask (every "
+                    "adapter's low-rank product, masked per row) or gather (each row's weights gathered)")
     # server
     host: str = Field("127.0.0.1", validation_alias=_env("ORTSERVE_HOST", "HOST"),
                       description="Address the server binds")

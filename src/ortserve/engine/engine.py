@@ -65,7 +65,7 @@ class LoadedModel:
                                 kv_placement=str(getattr(settings, "kv_placement", "auto")),
                                 last_logits_only=bool(getattr(settings, "last_logits_only", True)),
                                 huge_pages=bool(getattr(settings, "huge_pages", True)),
-                                lora=bool(self.adapters))
+                                lora=bool(self.adapters), lora_mode=str(getattr(settings, "lora_mode", "mask")))
                 if self.adapters:
                     runner.set_adapters(self.adapters)
             except ModelError as exc:

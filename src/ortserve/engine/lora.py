@@ -32,21 +32,26 @@ import numpy as np
 IDS = "lora_ids"
 MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 PACKED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
-_NODE = re.compile(r"^/model/layers\.(\d+)/(attn|mlp)/(\w+)/(MatMul|MatMulNBits)$")
+_OUT = re.compile(r"^/model/layers\.(\d+)/(attn|mlp)/(\w+)/MatMul/output_0$")
 
 
 @dataclass(frozen=True)
 class Target:
-    """One projection node of the decoder that takes a LoRA term."""
+    """One projection of the decoder that takes a LoRA term."""
 
     layer: int
-    node: str                          # the builder's node name
+    x: str                             # the activation the projection reads
+    output: str                        # the projection's output tensor (the term is added to it)
     parts: tuple[tuple[str, int], ...]  # (HF module, output width) in output order
     inputs: int                        # in features
 
     @property
     def key(self) -> str:
         return f"layers.{self.layer}.{'+'.join(p for p, _ in self.parts)}"
+
+    @property
+    def kind(self) -> str:
+        return "+".join(p for p, _ in self.parts)
 
     @property
     def outputs(self) -> int:
@@ -77,74 +82,112 @@ def _weight_dims(graph: Any, node: Any) -> tuple[int, int] | None:
 
 
 def find_targets(graph: Any, *, q_width: int, kv_width: int) -> list[Target]:
-    """Every decoder projection that can take a LoRA term, with its shapes (from the graph)."""
+    """Every decoder projection that can take a LoRA term, with its shapes (from the graph).
+
+    A projection is found by its output, ``/model/layers.{i}/{attn|mlp}/{name}/MatMul/output_0``,
+    which the builder's MatMul/MatMulNBits produces, and which GGUF exact imports keep as the
+    output of their correction Add (models/gguf_exact.py), so the term lands after both."""
     out = []
+    weights = [n for n in graph.node if n.op_type == "MatMulNBits" or
+               (n.op_type == "MatMul" and n.name.endswith("/MatMul"))]
     for node in graph.node:
-        m = _NODE.match(node.name)
-        if m is None or (m.group(3) not in MODULES and m.group(3) not in PACKED):
-            continue
-        dims = _weight_dims(graph, node)
-        if dims is None:
-            continue
-        name = m.group(3)
-        if name == "qkv_proj":
-            parts = (("q_proj", q_width), ("k_proj", kv_width), ("v_proj", kv_width))
-        elif name == "gate_up_proj":
-            parts = (("gate_proj", dims[1] // 2), ("up_proj", dims[1] // 2))
-        else:
-            parts = ((name, dims[1]),)
-        if sum(w for _, w in parts) != dims[1]:
-            continue  # a packing this code does not know: leave the node alone
-        out.append(Target(layer=int(m.group(1)), node=node.name, parts=parts, inputs=dims[0]))
+        for tensor in node.output:
+            m = _OUT.match(tensor)
+            if m is None or (m.group(3) not in MODULES and m.group(3) not in PACKED):
+                continue
+            prefix = tensor[: -len("/output_0")]
+            weight = next((w for w in weights if w.name.startswith(prefix)), None)
+            dims = _weight_dims(graph, weight) if weight is not None else None
+            if dims is None:
+                continue
+            name = m.group(3)
+            if name == "qkv_proj":
+                parts = (("q_proj", q_width), ("k_proj", kv_width), ("v_proj", kv_width))
+            elif name == "gate_up_proj":
+                parts = (("gate_proj", dims[1] // 2), ("up_proj", dims[1] // 2))
+            else:
+                parts = ((name, dims[1]),)
+            if sum(w for _, w in parts) != dims[1]:
+                continue  # a packing this code does not know: leave the projection alone
+            out.append(Target(layer=int(m.group(1)), x=weight.input[0], output=tensor, parts=parts,
+                              inputs=dims[0]))
     return out
 
 
-def add_lora(model: Any, targets: list[Target], dtype: Any) -> None:
-    """Edit ``model`` (an onnx ModelProto) in place: the LoRA term after every target, and the
-    ``lora_ids`` input plus two stack inputs per target."""
+def add_lora(model: Any, targets: list[Target], dtype: Any, mode: str = "mask") -> None:
+    """Edit ``model`` (an onnx ModelProto) in place: the LoRA term after every target.
+
+    ``gather``: per-row weights, ``(x @ Gather(A, ids)) @ Gather(B, ids)`` with A ``[n, in, r]``;
+    ``mask``: every adapter at once, ``((x @ A) * mask) @ B`` with A ``[in, n*r]``, B ``[n*r, out]``
+    and a per-row 0/1 mask ``[batch, 1, n*r]`` selecting the row's adapter (one per target kind)."""
     from onnx import TensorProto, helper
 
     elem = TensorProto.FLOAT16 if np.dtype(dtype) == np.float16 else TensorProto.FLOAT
     graph = model.graph
-    graph.input.append(helper.make_tensor_value_info(IDS, TensorProto.INT64, ["batch_size"]))
-    by_name = {t.node: t for t in targets}
+    if mode == "gather":
+        graph.input.append(helper.make_tensor_value_info(IDS, TensorProto.INT64, ["batch_size"]))
+    by_output = {t.output: t for t in targets}
     nodes = list(graph.node)
     new_nodes = []
+    masks: set[str] = set()
     for node in nodes:
         new_nodes.append(node)
-        t = by_name.get(node.name)
+        t = next((by_output[o] for o in node.output if o in by_output), None)
         if t is None:
             continue
         a_in, b_in = f"lora.{t.key}.A", f"lora.{t.key}.B"
-        rank = f"lora_rank/{t.key}"  # its own name: a packed qkv stack is wider than o_proj's
-        graph.input.append(helper.make_tensor_value_info(a_in, elem, ["lora_adapters", t.inputs, rank]))
-        graph.input.append(helper.make_tensor_value_info(b_in, elem, ["lora_adapters", rank, t.outputs]))
-        y = node.output[0]
-        p = f"/ortserve/lora/{t.key}"
+        rank = f"lora_rank/{t.kind}"  # its own name: a packed qkv stack is wider than o_proj's
+        y, p = t.output, f"/ortserve/lora/{t.key}"
         summed = f"{y}/lora"
         for other in nodes:  # everything that read y reads y + the LoRA term
             for i, name in enumerate(other.input):
                 if name == y:
                     other.input[i] = summed
-        new_nodes += [
-            helper.make_node("Gather", [a_in, IDS], [f"{p}/A"], name=f"{p}/GatherA", axis=0),
-            helper.make_node("MatMul", [node.input[0], f"{p}/A"], [f"{p}/xA"], name=f"{p}/MatMulA"),
-            helper.make_node("Gather", [b_in, IDS], [f"{p}/B"], name=f"{p}/GatherB", axis=0),
-            helper.make_node("MatMul", [f"{p}/xA", f"{p}/B"], [f"{p}/xAB"], name=f"{p}/MatMulB"),
-            helper.make_node("Add", [y, f"{p}/xAB"], [summed], name=f"{p}/Add"),
-        ]
+        if mode == "gather":
+            graph.input.append(helper.make_tensor_value_info(a_in, elem, ["lora_adapters", t.inputs, rank]))
+            graph.input.append(helper.make_tensor_value_info(b_in, elem, ["lora_adapters", rank, t.outputs]))
+            new_nodes += [
+                helper.make_node("Gather", [a_in, IDS], [f"{p}/A"], name=f"{p}/GatherA", axis=0),
+                helper.make_node("MatMul", [t.x, f"{p}/A"], [f"{p}/xA"], name=f"{p}/MatMulA"),
+                helper.make_node("Gather", [b_in, IDS], [f"{p}/B"], name=f"{p}/GatherB", axis=0),
+                helper.make_node("MatMul", [f"{p}/xA", f"{p}/B"], [f"{p}/xAB"], name=f"{p}/MatMulB"),
+            ]
+        else:
+            mask = f"lora_mask/{t.kind}"
+            if mask not in masks:
+                masks.add(mask)
+                graph.input.append(helper.make_tensor_value_info(mask, elem, ["batch_size", 1, rank]))
+            graph.input.append(helper.make_tensor_value_info(a_in, elem, [t.inputs, rank]))
+            graph.input.append(helper.make_tensor_value_info(b_in, elem, [rank, t.outputs]))
+            new_nodes += [
+                helper.make_node("MatMul", [t.x, a_in], [f"{p}/xA"], name=f"{p}/MatMulA"),
+                helper.make_node("Mul", [f"{p}/xA", mask], [f"{p}/xAm"], name=f"{p}/Mask"),
+                helper.make_node("MatMul", [f"{p}/xAm", b_in], [f"{p}/xAB"], name=f"{p}/MatMulB"),
+            ]
+        new_nodes.append(helper.make_node("Add", [y, f"{p}/xAB"], [summed], name=f"{p}/Add"))
     del graph.node[:]
     graph.node.extend(new_nodes)
 
 
-def stacks(targets: list[Target], adapters: list[Adapter], dtype: Any) -> dict[str, np.ndarray]:
+def kind_ranks(targets: list[Target], adapters: list[Adapter]) -> dict[str, int]:
+    """The stack rank of each target kind: the widest any adapter needs there, in any layer."""
+    out: dict[str, int] = {}
+    for t in targets:
+        for a in adapters:
+            r = sum(a.weights[f"layers.{t.layer}.{m}"][0].shape[1] for m, _ in t.parts
+                    if f"layers.{t.layer}.{m}" in a.weights)
+            out[t.kind] = max(out.get(t.kind, 1), r)
+        out.setdefault(t.kind, 1)
+    return out
+
+
+def stacks(targets: list[Target], adapters: list[Adapter], dtype: Any, mode: str = "mask") -> dict[str, np.ndarray]:
     """The stack inputs for ``adapters`` (index i+1 is adapters[i]; index 0 is all zeros)."""
     out = {}
     n = len(adapters) + 1
+    ranks = kind_ranks(targets, adapters)
     for t in targets:
-        ranks = [[a.weights[f"layers.{t.layer}.{m}"][0].shape[1] if f"layers.{t.layer}.{m}" in a.weights else 0
-                  for m, _ in t.parts] for a in adapters]
-        rank = max([sum(r) for r in ranks] + [1])
+        rank = ranks[t.kind]
         a_stack = np.zeros((n, t.inputs, rank), dtype=dtype)
         b_stack = np.zeros((n, rank, t.outputs), dtype=dtype)
         for i, adapter in enumerate(adapters, start=1):
@@ -158,9 +201,72 @@ def stacks(targets: list[Target], adapters: list[Adapter], dtype: Any) -> dict[s
                     b_stack[i, col:col + r, row:row + width] = b
                     col += r
                 row += width
+        if mode == "mask":  # adapter-major columns: adapter i is columns i*rank .. (i+1)*rank
+            a_stack = np.ascontiguousarray(a_stack.transpose(1, 0, 2).reshape(t.inputs, n * rank))
+            b_stack = b_stack.reshape(n * rank, t.outputs)
         out[f"lora.{t.key}.A"] = a_stack
         out[f"lora.{t.key}.B"] = b_stack
     return out
+
+
+def row_masks(ids: np.ndarray, n: int, ranks: dict[str, int], dtype: Any) -> dict[str, np.ndarray]:
+    """``mask`` mode's inputs: per target kind, 1 on the columns of each row's adapter."""
+    onehot = np.zeros((len(ids), n), dtype=dtype)
+    onehot[np.arange(len(ids)), ids] = 1
+    return {f"lora_mask/{k}": np.repeat(onehot, r, axis=1)[:, None, :] for k, r in ranks.items()}
+
+
+class LoraInputs:
+    """One adapter set's stack inputs as OrtValues, bound per step.
+
+    ``mask`` mode keeps, beside the stacks of every adapter, each adapter's own A and B: a step
+    whose rows all run one adapter (a single stream; a batch of one tenant) binds that adapter's
+    alone, so it reads one adapter's weights, not all of them; a mixed step binds the stacks and
+    the row masks. A step of base rows only binds rank-1 zeros. Bindings are swapped only when
+    the choice changes (``bound``: the choice each runner binding holds)."""
+
+    def __init__(self, targets: list[Target], adapters: list[Adapter], dtype: Any, mode: str) -> None:
+        import onnxruntime as ort
+
+        ov = ort.OrtValue.ortvalue_from_numpy
+        self.mode, self.dtype, self.n = mode, dtype, len(adapters) + 1
+        self.all = {k: ov(v) for k, v in stacks(targets, adapters, dtype, mode).items()}
+        self.ranks = kind_ranks(targets, adapters)
+        self.single: dict[int, tuple[dict[str, Any], dict[str, int]]] = {}
+        if mode == "mask":
+            for i, adapter in enumerate([None, *adapters]):
+                own = [adapter] if adapter is not None else []
+                ranks = kind_ranks(targets, own)
+                arrays = stacks(targets, own, dtype, mode)
+                if own:  # drop the zero adapter's columns (index 0) from this adapter's own stack
+                    for t in targets:
+                        r = ranks[t.kind]
+                        arrays[f"lora.{t.key}.A"] = np.ascontiguousarray(arrays[f"lora.{t.key}.A"][:, r:])
+                        arrays[f"lora.{t.key}.B"] = np.ascontiguousarray(arrays[f"lora.{t.key}.B"][r:])
+                self.single[i] = ({k: ov(v) for k, v in arrays.items()}, ranks)
+        self.bound: dict[Any, Any] = {}
+
+    def bind(self, io: Any, key: Any, ids: np.ndarray) -> Any:
+        """Bind the LoRA inputs of a step whose rows run adapters ``ids``; returns what must live
+        until the run."""
+        if self.mode == "gather":
+            choice, inputs, extra = "all", self.all, {IDS: ids.copy()}
+        else:
+            first = int(ids[0])
+            if (ids == first).all():
+                inputs, ranks = self.single[first]
+                choice = first
+                extra = {f"lora_mask/{k}": np.ones((len(ids), 1, r), dtype=self.dtype) for k, r in ranks.items()}
+            else:
+                choice, inputs = "all", self.all
+                extra = row_masks(ids, self.n, self.ranks, self.dtype)
+        if self.bound.get(key) != choice:
+            for name, value in inputs.items():
+                io.bind_ortvalue_input(name, value)
+            self.bound[key] = choice
+        for name, value in extra.items():
+            io.bind_cpu_input(name, value)
+        return extra
 
 
 class AdapterView:

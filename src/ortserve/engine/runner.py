@@ -20,7 +20,7 @@ import numpy as np
 
 from ortserve.engine.graph import load_decoder, slice_last_position
 from ortserve.engine.kvcache import DeviceKV, HostKV, device_of
-from ortserve.engine.lora import IDS, Adapter, add_lora, find_targets, stacks
+from ortserve.engine.lora import Adapter, LoraInputs, add_lora, find_targets
 from ortserve.engine.runtime import anon_mappings, use_huge_pages
 from ortserve.errors import ModelError
 
@@ -78,11 +78,12 @@ class Runner:
     def __init__(self, spec: ModelSpec, *, slots: int = 16, capacity: int = 256,
                  providers: list[Any] | None = None, session_options: Any = None,
                  kv_placement: str = "auto", last_logits_only: bool = True, huge_pages: bool = True,
-                 lora: bool = False) -> None:
+                 lora: bool = False, lora_mode: str = "mask") -> None:
         """``kv_placement``: ``host`` (numpy), ``device`` (OrtValues on the provider's device) or
         ``auto`` (host for the CPU provider, device for the others). ``huge_pages``: put the CPU
         provider's prepacked weights in transparent huge pages (engine/runtime.py ``use_huge_pages``).
-        ``lora``: add the batched LoRA term (engine/lora.py); adapters come with ``set_adapters``."""
+        ``lora``: add the batched LoRA term (engine/lora.py), ``lora_mode`` ``mask`` or ``gather``;
+        adapters come with ``set_adapters``."""
         import onnxruntime as ort
 
         self.spec = spec
@@ -103,7 +104,8 @@ class Runner:
             if not self.lora_targets:
                 raise ModelError(f"{spec.onnx_path} has no projection the LoRA edit recognizes")
             self.lora_dtype = np.float16 if kv.type.tensor_type.elem_type == 10 else np.float32
-            add_lora(proto, self.lora_targets, self.lora_dtype)
+            add_lora(proto, self.lora_targets, self.lora_dtype, lora_mode)
+        self.lora_mode = lora_mode
         edited = bytes(proto.SerializeToString()) if sliced or lora else None
         if edited is not None:
             model = edited
@@ -141,7 +143,7 @@ class Runner:
         self._bindings: dict[tuple[int, int, int], Any] = {}
         self.adapters: dict[str, int] = {"": 0}  # adapter name -> its index in the stacks (0: the base)
         self.row_adapter = np.zeros(slots, dtype=np.int64)  # each row's adapter index
-        self._stacks: dict[str, Any] = {}
+        self._lora: LoraInputs | None = None
         self._staged: list[Adapter] | None = None  # a new adapter set, taken by the loop thread
         if lora:
             self.set_adapters([])
@@ -203,12 +205,9 @@ class Runner:
     def set_adapters(self, adapters: list[Adapter]) -> None:
         """Serve exactly ``adapters`` from now on (the stacks are rebuilt; no new session).
         Call it between steps: rows keep their adapter's name, so the caller re-marks running rows."""
-        import onnxruntime as ort
-
         if not self.lora_targets:
             raise ModelError("this runner was loaded without LoRA support (Runner(lora=True))")
-        arrays = stacks(self.lora_targets, adapters, self.lora_dtype)
-        self._stacks = {k: ort.OrtValue.ortvalue_from_numpy(v) for k, v in arrays.items()}
+        self._lora = LoraInputs(self.lora_targets, adapters, self.lora_dtype, self.lora_mode)
         self.adapters = {"": 0} | {a.name: i for i, a in enumerate(adapters, start=1)}
         self._bindings = {}
 
@@ -263,8 +262,8 @@ class Runner:
                     ptr = self.kv.pointer(2 * layer + j, rows.start)
                     io.bind_input(f"past_key_values.{layer}.{kind}", where, 0, self.dtype, shape, ptr)
                     io.bind_output(f"present.{layer}.{kind}", where, 0, self.dtype, shape, ptr)
-            for name, value in self._stacks.items():
-                io.bind_ortvalue_input(name, value)
+            if self._lora is not None:
+                self._lora.bound[key] = None  # a fresh binding holds no adapter weights yet
             if len(self._bindings) > 4 * self.slots:
                 self._bindings.clear()
             self._bindings[key] = io
@@ -275,8 +274,8 @@ class Runner:
         io = self._binding(rows)
         io.bind_cpu_input("input_ids", input_ids.astype(self.ids_dtype, copy=False))
         io.bind_cpu_input("attention_mask", mask.astype(self.mask_dtype, copy=False))
-        if self.lora_targets:
-            io.bind_cpu_input(IDS, self.row_adapter[rows].copy())
+        held = self._lora.bind(io, (rows.start, rows.stop, self.capacity), self.row_adapter[rows]) \
+            if self._lora is not None else None  # noqa: F841 - the bound arrays live until the run
         if self.has_position_ids:
             pos = np.maximum(np.cumsum(mask, axis=1) - 1, 0)[:, -input_ids.shape[1]:]
             io.bind_cpu_input("position_ids", pos.astype(self.ids_dtype))
