@@ -60,11 +60,12 @@ def ps_command(url: str | None, api_key: str | None, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return
-    rows = [("MODEL", "KIND", "STATE", "MEMORY", "REQUESTS", "IDLE", "UNLOADS IN")]
+    rows = [("MODEL", "KIND", "STATE", "MEMORY", "REQUESTS", "IDLE", "UNLOADS IN", "ADAPTERS")]
     for m in data["models"]:
         name = m["model"] + (" (pinned)" if m["pinned"] else "")
         rows.append((name, m["kind"], m["state"], f"{m['memory_bytes'] / MB:.0f} MB", str(m["requests"]),
-                     _ago(m["idle_seconds"]), "never" if m["keep_alive"] < 0 else _ago(m["expires_in"])))
+                     _ago(m["idle_seconds"]), "never" if m["keep_alive"] < 0 else _ago(m["expires_in"]),
+                     ", ".join(m.get("adapters") or []) or "-"))  # LoRA adapters served on it (docs/lora.md)
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         click.echo("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
