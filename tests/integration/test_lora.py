@@ -237,3 +237,18 @@ def test_openai_client_picks_the_adapter_by_model_name(lora: SimpleNamespace, ti
         assert ask("tiny:late").choices[0].message.content == other.choices[0].message.content
         assert "late" in httpx.get(f"{srv.url}/v1/admin/ps", timeout=10).json()["models"][0]["adapters"]
     lora.store.remove("late")
+
+
+def test_an_adapter_for_a_base_loaded_without_lora_is_a_clear_400(lora: SimpleNamespace) -> None:
+    import httpx
+    from tests.servers import ServerThread
+
+    lora.store.install("merged", "fp32-cpu", lambda _tmp: {"precision": "fp32", "device": "cpu",
+                                                           "link": str(lora.merged)})
+    with ServerThread(lora.merged, model_id="merged", home=lora.home) as srv:  # no adapters: no LoRA edit
+        import_adapter(lora.store, lora.one, "merged", name="too-late")
+        r = httpx.post(f"{srv.url}/v1/chat/completions", timeout=60, json={
+            "model": "merged:too-late", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "model"
+        assert "loaded without LoRA support" in r.json()["error"]["message"]
+    lora.store.remove("too-late")
