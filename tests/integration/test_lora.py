@@ -252,3 +252,24 @@ def test_an_adapter_for_a_base_loaded_without_lora_is_a_clear_400(lora: SimpleNa
         assert r.status_code == 400 and r.json()["error"]["param"] == "model"
         assert "loaded without LoRA support" in r.json()["error"]["message"]
     lora.store.remove("too-late")
+
+
+def test_a_llama_cpp_lora_gguf_imports_to_the_same_adapter(lora: SimpleNamespace, tiny_hf_dir: Path) -> None:
+    """convert_lora_to_gguf.py (llama.cpp's sdist) on the PEFT adapter: the same weights once
+    imported (its q/k rows un-permuted back to the base graph's order), so the same model."""
+    from tests.llamacpp import llama_cpp_src
+
+    src = llama_cpp_src()
+    out = lora.root / "my-adapter.gguf"
+    res = subprocess.run([sys.executable, str(src / "convert_lora_to_gguf.py"), "--base", str(tiny_hf_dir),
+                          "--outtype", "f32", "--outfile", str(out), str(lora.one)], capture_output=True, text=True,
+                         timeout=300, check=False, env={**os.environ, "PYTHONPATH": str(src / "gguf-py")})
+    assert res.returncode == 0, res.stderr[-2000:]
+    v = import_adapter(lora.store, out, "tiny", name="from-gguf")
+    got, want = load_adapter(v).weights, lora.adapters[0].weights
+    assert sorted(got) == sorted(want) and len(want) == 14
+    for key in want:
+        assert np.allclose(got[key][0], want[key][0]) and np.allclose(got[key][1], want[key][1], atol=1e-7), key
+    lora.store.remove("from-gguf")
+    with pytest.raises(AdapterError, match="not a LoRA adapter GGUF"):
+        import_adapter(lora.store, next((src / "models").glob("ggml-vocab-llama-bpe.gguf")), "tiny", name="vocab")

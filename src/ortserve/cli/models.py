@@ -189,7 +189,7 @@ def import_cmd(path: str, model_id: str | None, link: bool, requantize: str | No
 
 
 @models_group.command("import-adapter")
-@click.argument("path", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("path", type=click.Path(exists=True, path_type=Path))
 @click.option("--base", required=True, help="The installed model the adapter was trained on (id or alias).")
 @click.option("--id", "adapter_id", default=None, help="Adapter id (default: the directory's name).")
 @click.option("--scale", type=float, default=1.0, show_default=True,
@@ -197,7 +197,8 @@ def import_cmd(path: str, model_id: str | None, link: bool, requantize: str | No
 @json_option
 @handles_errors
 def import_adapter_cmd(path: Path, base: str, adapter_id: str | None, scale: float, as_json: bool) -> None:
-    """Import a PEFT LoRA adapter directory (adapter_config.json + adapter_model.safetensors).
+    """Import a PEFT LoRA adapter directory (adapter_config.json + adapter_model.safetensors)
+    or a llama.cpp LoRA GGUF (convert_lora_to_gguf.py output, f32/f16).
 
     It is checked against --base (layers, shapes, rank, target modules) and served per request
     as model "BASE:ID" or "ID" (docs/lora.md).

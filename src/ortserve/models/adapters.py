@@ -1,4 +1,5 @@
-"""LoRA adapters: import a PEFT directory into the store, checked against its base model.
+"""LoRA adapters: import a PEFT directory (or a llama.cpp LoRA GGUF) into the store, checked
+against its base model.
 
 A PEFT adapter is ``adapter_config.json`` + ``adapter_model.safetensors`` with, per targeted
 module, ``...layers.{i}.{self_attn|mlp}.{module}.lora_A.weight`` ``[r, in]`` and ``lora_B``
@@ -84,6 +85,70 @@ def read_peft(path: Path, scale: float = 1.0) -> tuple[dict[str, Any], dict[str,
     return cfg, weights
 
 
+_GGUF_KEY = re.compile(r"^blk\.(\d+)\.(\w+)\.weight\.lora_([ab])$")
+_GGUF_MODULES = {"attn_q": "q_proj", "attn_k": "k_proj", "attn_v": "v_proj", "attn_output": "o_proj",
+                 "ffn_gate": "gate_proj", "ffn_up": "up_proj", "ffn_down": "down_proj"}
+
+
+def read_gguf_lora(path: Path, scale: float, *, heads: int, kv_heads: int
+                   ) -> tuple[dict[str, Any], dict[str, tuple[np.ndarray, np.ndarray]]]:
+    """A llama.cpp LoRA GGUF (``convert_lora_to_gguf.py`` output, float tensors) in the same form
+    as ``read_peft``. llama.cpp stores q/k rows permuted for its rope layout (llama, mistral);
+    the base graphs here are in Hugging Face order (models/gguf_reader.py un-permutes the base
+    too), so lora_B's q/k rows are un-permuted with the base's head counts."""
+    from gguf import GGUFReader
+
+    from ortserve.models.gguf_reader import ARCHITECTURES
+
+    try:
+        reader = GGUFReader(str(path))
+    except Exception as exc:
+        raise AdapterError(f"{path} is not a readable GGUF file: {exc}") from exc
+
+    def field(name: str) -> Any:
+        f = reader.fields.get(name)
+        if f is None or not f.data:
+            return None
+        v = f.parts[f.data[0]]
+        return bytes(v).decode() if v.dtype == np.uint8 else v.tolist()[0]
+
+    if field("general.type") != "adapter" or field("adapter.type") != "lora":
+        raise AdapterError(f"{path} is not a LoRA adapter GGUF (general.type={field('general.type')!r}, "
+                           f"adapter.type={field('adapter.type')!r})")
+    arch = field("general.architecture")
+    alpha = float(field("adapter.lora.alpha") or 0.0)
+    pairs: dict[str, dict[str, np.ndarray]] = {}
+    for t in reader.tensors:
+        m = _GGUF_KEY.match(t.name)
+        if m is None or m.group(2) not in _GGUF_MODULES:
+            raise AdapterError(f"{path}: tensor {t.name!r} is not a projection ortserve can apply "
+                               f"(LoRA on {', '.join(_GGUF_MODULES)})")
+        if t.tensor_type.name not in ("F32", "F16", "BF16"):
+            raise AdapterError(f"{path}: {t.name} is {t.tensor_type.name}; convert with --outtype f32 or f16")
+        data = np.asarray(t.data)
+        data = (data.view(np.uint32) << 16).view(np.float32) if t.tensor_type.name == "BF16" else data
+        pairs.setdefault(f"layers.{m.group(1)}.{_GGUF_MODULES[m.group(2)]}", {})[m.group(3).upper()] = \
+            data.astype(np.float32).reshape([int(d) for d in reversed(t.shape)])
+    weights = {}
+    for name, ab in sorted(pairs.items()):
+        if set(ab) != {"A", "B"}:
+            raise AdapterError(f"{path}: {name} has lora_{''.join(ab).lower()} but not both lora_a and lora_b")
+        a, b = ab["A"], ab["B"]
+        r = a.shape[0]
+        if b.shape[1] != r:
+            raise AdapterError(f"{path}: rank mismatch at {name}: lora_a is {list(a.shape)}, lora_b {list(b.shape)}")
+        module = name.rsplit(".", 1)[1]
+        if ARCHITECTURES.get(arch or "") and module in ("q_proj", "k_proj"):
+            n = heads if module == "q_proj" else kv_heads
+            b = b.reshape(n, b.shape[0] // n // 2, 2, r).swapaxes(1, 2).reshape(b.shape)
+        s = scale * (alpha / r if alpha else 1.0)  # llama.cpp's rule: alpha 0 means scale 1
+        weights[name] = (np.ascontiguousarray(a.T), np.ascontiguousarray(s * b.T))
+    if not weights:
+        raise AdapterError(f"{path} holds no LoRA tensors")
+    return {"lora_alpha": alpha, "r": max(a.shape[1] for a, _ in weights.values()),
+            "base_model_name_or_path": field("general.base_model.0.name"), "architecture": arch}, weights
+
+
 def _pattern(patterns: dict[str, Any], name: str, default: Any) -> Any:
     """PEFT's rank_pattern/alpha_pattern: a key matching the end of the module's name wins."""
     module = name.split(".", 2)[-1]
@@ -125,7 +190,11 @@ def import_adapter(store: ModelStore, path: Path, base: str, *, name: str | None
     if base_v.kind != "chat":
         raise AdapterError(f"{base_v.id} is a {base_v.kind} model; adapters apply to chat models")
     name = validate_name(name or Path(path).resolve().name.lower().replace(" ", "-"), "adapter id")
-    cfg, weights = read_peft(Path(path), scale)
+    if Path(path).is_file():  # a llama.cpp LoRA GGUF
+        spec = ModelSpec.read(base_v.model_dir)
+        cfg, weights = read_gguf_lora(Path(path), scale, heads=spec.heads, kv_heads=spec.kv_heads)
+    else:
+        cfg, weights = read_peft(Path(path), scale)
     modules = check_against_base(weights, base_v.model_dir)
 
     def build(tmp: Path) -> dict[str, Any]:
