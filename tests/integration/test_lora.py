@@ -191,6 +191,9 @@ def test_import_adapter_cli_and_store_manifest(lora: SimpleNamespace, tmp_path: 
     assert v["kind"] == "adapter" and v["base"] == "tiny:fp32-cpu" and v["notes"]["rank"] == 8
     assert set(v["notes"]["target_modules"]) == set(TARGETS)
     assert lora.store.verify(lora.store.get("cli-adapter")) == {"corrupt": [], "missing": [], "extra": []}
+    shown = subprocess.run(cmd[:4] + ["show", "cli-adapter"], env=env, capture_output=True, text=True, timeout=120,
+                           check=False)
+    assert "cli-adapter (LoRA adapter of tiny:fp32-cpu): rank 8, scale 0.5" in shown.stdout, shown.stderr
     bad = subprocess.run(cmd[:5] + [str(lora.one), "--base", "no-such-model"], env=env, capture_output=True,
                          text=True, timeout=120, check=False)
     assert bad.returncode != 0 and "no-such-model" in bad.stderr + bad.stdout

@@ -104,6 +104,14 @@ def show_cmd(ref: str, device: str | None, as_json: bool) -> None:
         store.get(ref)  # raises the not-installed error with its hint
     if variants[0].kind == "embedding":
         return _show_embedding(variants, as_json)
+    if variants[0].kind == "adapter":  # LoRA (docs/lora.md)
+        v = variants[0]
+        if as_json:
+            return _emit({"variants": [v.to_json()]})
+        click.echo(f"{v.model} (LoRA adapter of {v.base}): rank {v.notes.get('rank')}, scale {v.notes.get('scale')}, "
+                   f"targets {', '.join(v.notes.get('target_modules', []))}")
+        click.echo(f"  source        {v.source}\n  use it as     model \"{v.base.partition(':')[0]}:{v.model}\"")
+        return None
     devices = [device] if device else sorted({"cpu", *(v.device for v in variants)})
     model = variants[0].model
     choices = {d: resolve(store, model, d) for d in devices}

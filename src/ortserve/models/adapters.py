@@ -96,7 +96,10 @@ def read_gguf_lora(path: Path, scale: float, *, heads: int, kv_heads: int
     as ``read_peft``. llama.cpp stores q/k rows permuted for its rope layout (llama, mistral);
     the base graphs here are in Hugging Face order (models/gguf_reader.py un-permutes the base
     too), so lora_B's q/k rows are un-permuted with the base's head counts."""
-    from gguf import GGUFReader
+    try:
+        from gguf import GGUFReader
+    except ImportError as exc:
+        raise AdapterError("reading a LoRA GGUF needs the gguf package", hint="pip install 'ortserve[convert]'") from exc
 
     from ortserve.models.gguf_reader import ARCHITECTURES
 
