@@ -24,8 +24,24 @@ def _store(settings: Any) -> Any:
 
 
 def store_adapters(settings: Any) -> list[Any]:
+    """The installed adapters: only ``*--lora`` directories' manifests are read (this runs for
+    every request naming a model the manager does not know yet)."""
+    import json
+
+    from ortserve.models.store import MANIFEST, Variant
+
     store = _store(settings)
-    return [v for v in store.variants() if v.kind == "adapter"] if store is not None else []
+    if store is None or not store.root.is_dir():
+        return []
+    out = []
+    for d in store.root.glob("*--lora"):
+        try:
+            v = Variant.from_json(json.loads((d / MANIFEST).read_text(encoding="utf-8")), d)
+        except (OSError, ValueError, TypeError):
+            continue  # being installed, or damaged: not an adapter to serve
+        if v.kind == "adapter":
+            out.append(v)
+    return sorted(out, key=lambda v: v.model)
 
 
 def adapters_for_dir(settings: Any, model_dir: Path) -> list[Any]:
