@@ -12,6 +12,7 @@ The runner holds tensors, never queues: the scheduler decides who runs.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,8 @@ from ortserve.engine.kvcache import DeviceKV, HostKV, device_of
 from ortserve.engine.lora import Adapter, LoraInputs, add_lora, find_targets
 from ortserve.engine.runtime import anon_mappings, use_huge_pages
 from ortserve.errors import ModelError
+
+log = logging.getLogger("ortserve.engine")
 
 _NP = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 
@@ -94,6 +97,8 @@ class Runner:
         model: str | bytes = str(spec.onnx_path)
         proto = load_decoder(spec.onnx_path) if last_logits_only or lora else None
         sliced = proto is not None and last_logits_only and slice_last_position(proto)
+        if proto is not None and last_logits_only and not sliced:
+            log.warning("no LM head found before 'logits' in %s: prefill keeps all positions", spec.onnx_path)
         self.lora_targets = []
         if lora:
             if proto is None:
