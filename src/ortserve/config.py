@@ -94,6 +94,12 @@ class Settings(BaseSettings):
         "mask", validation_alias=_env("ORTSERVE_LORA_MODE"),
         description="How a batch mixing LoRA adapters computes the term (docs/lora.md): mask (every "
                     "adapter's low-rank product, masked per row) or gather (each row's weights gathered)")
+    speculative: bool = Field(True, validation_alias=_env("ORTSERVE_SPECULATIVE"),
+                              description="Prompt-lookup speculation: guess the next tokens from the prompt and "
+                                          "output so far and verify them in one step (docs/speculative.md); "
+                                          "exact, and a request's `speculative: false` turns it off for itself")
+    speculative_k: int = Field(4, ge=1, le=16, validation_alias=_env("ORTSERVE_SPECULATIVE_K"),
+                               description="Most tokens a speculating request guesses per step")
     # server
     host: str = Field("127.0.0.1", validation_alias=_env("ORTSERVE_HOST", "HOST"),
                       description="Address the server binds")

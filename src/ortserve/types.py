@@ -39,6 +39,7 @@ class SamplingParams:
     min_p: float = 0.0               # keep tokens with p >= min_p * p_max (after temperature); 0 = off
     typical_p: float = 1.0           # locally typical sampling mass (Meister et al.); 1 = off
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100]); -100 bans
+    speculative: bool = True  # prompt-lookup speculation for this request, where the server has it on
 
     def __post_init__(self) -> None:
         if self.json_schema is not None and not isinstance(self.json_schema, str):
@@ -69,6 +70,8 @@ class SamplingParams:
             raise bad("min_tokens", f"must be an integer >= 0, got {self.min_tokens!r}")
         if self.min_tokens > self.max_tokens:
             raise bad("min_tokens", f"({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
+        if not isinstance(self.speculative, bool):
+            raise bad("speculative", f"must be true or false, got {self.speculative!r}")
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)
                                       or not (-2**63 <= self.seed < 2**64)):
             raise bad("seed", f"must be an integer in [-2**63, 2**64), got {self.seed!r}")
@@ -190,6 +193,7 @@ class Metrics:
     output_tokens_per_second: float = 0.0
     queue_time: float = 0.0
     cached_tokens: int = 0  # prompt tokens whose KV was reused from a cached prefix, not computed
+    speculative: dict[str, Any] | None = None  # prompt-lookup guesses: proposed, accepted, steps, acceptance
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -249,3 +253,5 @@ class EngineStats:
     prefix_cache_bytes: int = 0       # KV bytes the prefix cache holds (inside kv_cache_mb)
     prefix_cache_entries: int = 0
     prefix_cache_evictions: int = 0   # cached prefixes dropped to make room
+    speculative_proposed: int = 0     # prompt-lookup guesses verified (engine/speculate.py)
+    speculative_accepted: int = 0     # guesses the model agreed with: tokens for free

@@ -32,6 +32,7 @@ from ortserve.engine.runner import Runner
 from ortserve.engine.sampler import apply_penalties, sample, token_logprobs
 from ortserve.engine.scheduler import MIN_CHUNK, RECENT, Delegated, Reuse, Scheduler  # noqa: F401
 from ortserve.engine.sequence import Sequence
+from ortserve.engine.speculate import Speculation
 from ortserve.types import EngineStats, TokenEvent
 
 log = logging.getLogger("ortserve.engine")
@@ -39,7 +40,7 @@ log = logging.getLogger("ortserve.engine")
 IDLE_CAPACITY = 256  # tokens per row kept when idle; more is given back
 
 
-class EngineCore(EngineThread):
+class EngineCore(Speculation, EngineThread):
     waiting, running, prefilling = Delegated(), Delegated(), Delegated()
     chunk_tokens, prefill_ratio, kv_budget, cache = Delegated(), Delegated(), Delegated(), Delegated()
     _step_times, _token_times = Delegated(), Delegated()
@@ -48,8 +49,8 @@ class EngineCore(EngineThread):
 
     def __init__(self, runner: Runner, *, chunk_tokens: int = 512, prefill_ratio: float = 0.0,
                  kv_budget_bytes: int | None = None, guidance: Guidance | None = None,
-                 prefix_cache: bool = True) -> None:
-        self.runner = runner
+                 prefix_cache: bool = True, speculative: bool = False, speculative_k: int = 4) -> None:
+        self.runner, self.speculative, self.speculative_k = runner, speculative, speculative_k
         self.guidance = guidance  # grammar masks for constrained sequences (engine/guidance.py)
         self._masks = allocate_masks(runner.slots, runner.spec.vocab_size)
         self._one_mask = allocate_masks(1, runner.spec.vocab_size)
@@ -95,7 +96,8 @@ class EngineCore(EngineThread):
         return EngineStats(running=busy, waiting=len(self.waiting), tokens_per_second=tps,
                            total_requests=self.total_requests, total_output_tokens=self.total_output_tokens,
                            prompt_tokens_computed=self.prefill_tokens, prompt_tokens_reused=self.reused_tokens,
-                           prefix_cache_bytes=c.nbytes, prefix_cache_entries=len(c.entries), prefix_cache_evictions=c.evictions)
+                           prefix_cache_bytes=c.nbytes, prefix_cache_entries=len(c.entries), prefix_cache_evictions=c.evictions,
+                           speculative_proposed=self.spec_proposed, speculative_accepted=self.spec_accepted)
 
     # ---- the step ---------------------------------------------------------
     def has_work(self) -> bool:
@@ -111,7 +113,8 @@ class EngineCore(EngineThread):
         self._prefill(plan.prefill_budget)
         prefilled = self.prefill_seconds - prefilled
         if plan.decode:
-            self._decode(plan.decode)
+            if not self._speculate(plan.decode):  # one sequence with guesses: a verify step instead
+                self._decode(plan.decode)
             self.scheduler.record_step(time.perf_counter() - t0 - prefilled)
         self._retire_finished()
         if not self.running and not self.prefilling and not self.waiting:

@@ -119,7 +119,9 @@ class AsyncEngine:
         return EngineCore(runner, chunk_tokens=int(getattr(self.settings, "prefill_chunk", 512)),
                           prefill_ratio=float(getattr(self.settings, "prefill_ratio", 0.0)),
                           kv_budget_bytes=self.kv_budget, guidance=self.model.guidance,
-                          prefix_cache=bool(getattr(self.settings, "prefix_cache", True)))
+                          prefix_cache=bool(getattr(self.settings, "prefix_cache", True)),
+                          speculative=bool(getattr(self.settings, "speculative", True)),
+                          speculative_k=int(getattr(self.settings, "speculative_k", 4)))
 
     def reload(self) -> None:
         """A fresh model session and engine loop (the watchdog's restart; blocking)."""

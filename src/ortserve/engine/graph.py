@@ -6,6 +6,11 @@ prefill compute. The engine only ever samples from the last position, so ``last_
 inserts a Slice of the hidden state before the LM head: logits come out as [batch, 1, vocab]
 whatever the input length. The edited graph is handed to ONNX Runtime as bytes; the weights
 stay in the model directory's external data file.
+
+``gather_positions`` is the general form speculation needs (engine/speculate.py): the hidden state
+is flattened to [batch x positions, hidden] and the rows named by an int64 input
+``ortserve_logit_rows`` are gathered before the LM head, so logits come out as [1, rows, vocab]:
+the last position of each row for prefill and decode, every fed position of a speculating row.
 """
 
 from __future__ import annotations
@@ -71,6 +76,41 @@ def slice_last_position(model: Any) -> bool:
             dim = out.type.tensor_type.shape.dim[1]
             dim.Clear()
             dim.dim_value = 1
+    return True
+
+
+LOGIT_ROWS = "ortserve_logit_rows"
+
+
+def gather_positions(model: Any) -> bool:
+    """Edit ``model`` in place so its logits cover the flat positions named by the
+    ``ortserve_logit_rows`` input (row b, position t of the input is ``b * seq_len + t``), as
+    [1, len(rows), vocab]; False (unchanged) when the graph has no recognizable LM head."""
+    from onnx import TensorProto, helper
+
+    graph = model.graph
+    node = lm_head(graph)
+    if node is None:
+        return False
+    hidden = node.input[0]
+    flat, picked, out = (f"{hidden}/ortserve_{x}" for x in ("flat", "picked", "gathered"))
+    axes = helper.make_tensor("ortserve/gather/axes", TensorProto.INT64, [1], [0])
+    graph.initializer.append(axes)
+    graph.input.append(helper.make_tensor_value_info(LOGIT_ROWS, TensorProto.INT64, ["logit_rows"]))
+    nodes = [helper.make_node("Flatten", [hidden], [flat], axis=2, name="ortserve/gather/Flatten"),
+             helper.make_node("Gather", [flat, LOGIT_ROWS], [picked], axis=0, name="ortserve/gather/Gather"),
+             helper.make_node("Unsqueeze", [picked, axes.name], [out], name="ortserve/gather/Unsqueeze")]
+    node.input[0] = out
+    index = list(graph.node).index(node)
+    for i, n in enumerate(nodes):
+        graph.node.insert(index + i, n)
+    for o in graph.output:
+        if o.name == "logits":
+            shape = o.type.tensor_type.shape
+            shape.dim[0].Clear()
+            shape.dim[0].dim_value = 1
+            shape.dim[1].Clear()
+            shape.dim[1].dim_param = "logit_rows"
     return True
 
 

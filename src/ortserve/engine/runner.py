@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ortserve.engine.graph import load_decoder, slice_last_position
+from ortserve.engine.graph import LOGIT_ROWS, gather_positions, load_decoder
 from ortserve.engine.kvcache import DeviceKV, HostKV, device_of
 from ortserve.engine.lora import Adapter, LoraInputs, add_lora, find_targets
 from ortserve.engine.runtime import anon_mappings, use_huge_pages
@@ -92,11 +92,11 @@ class Runner:
         self.spec = spec
         self.slots = slots
         providers = providers or ["CPUExecutionProvider"]
-        # logits for the last position only (engine/graph.py): prefill memory and LM-head work
-        # no longer grow with the prompt
+        # logits for the positions asked for only (engine/graph.py): the last one of each row, and
+        # every fed one of a speculating row; prefill memory and LM-head work do not grow with the prompt
         model: str | bytes = str(spec.onnx_path)
         proto = load_decoder(spec.onnx_path) if last_logits_only or lora else None
-        sliced = proto is not None and last_logits_only and slice_last_position(proto)
+        sliced = proto is not None and last_logits_only and gather_positions(proto)
         if proto is not None and last_logits_only and not sliced:
             log.warning("no LM head found before 'logits' in %s: prefill keeps all positions", spec.onnx_path)
         self.lora_targets = []
@@ -136,7 +136,7 @@ class Runner:
         self.has_position_ids = "position_ids" in inputs
         logits = next(o for o in self.session.get_outputs() if o.name == "logits")
         vocab = logits.shape[-1] if isinstance(logits.shape[-1], int) else spec.vocab_size
-        self._logits = np.zeros((slots, 1, vocab), dtype=_NP.get(logits.type, np.float32))
+        self._logits = np.zeros((1, slots, vocab), dtype=_NP.get(logits.type, np.float32))
         self.lengths = np.zeros(slots, dtype=np.int64)  # tokens held in each row
         self.capacity = 0
         self.rows = 0
@@ -274,23 +274,32 @@ class Runner:
             self._bindings[key] = io
         return io
 
-    def _run(self, rows: slice, input_ids: np.ndarray, mask: np.ndarray,
-             out: np.ndarray | None = None) -> np.ndarray:
+    def _run(self, rows: slice, input_ids: np.ndarray, mask: np.ndarray, picks: np.ndarray,
+             out: np.ndarray | None = None, positions: np.ndarray | None = None) -> np.ndarray:
+        """One step; returns the logits [len(picks), vocab] of the flat input positions ``picks``
+        (row b, position t is ``b * T + t``)."""
         io = self._binding(rows)
         io.bind_cpu_input("input_ids", input_ids.astype(self.ids_dtype, copy=False))
         io.bind_cpu_input("attention_mask", mask.astype(self.mask_dtype, copy=False))
         held = self._lora.bind(io, (rows.start, rows.stop, self.capacity), self.row_adapter[rows]) \
             if self._lora is not None else None  # noqa: F841 - the bound arrays live until the run
         if self.has_position_ids:
-            pos = np.maximum(np.cumsum(mask, axis=1) - 1, 0)[:, -input_ids.shape[1]:]
-            io.bind_cpu_input("position_ids", pos.astype(self.ids_dtype))
+            if positions is None:
+                positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)[:, -input_ids.shape[1]:]
+            io.bind_cpu_input("position_ids", positions.astype(self.ids_dtype))
+        if not self.last_logits_only:  # the graph as exported: every position's logits
+            io.bind_output("logits", "cpu")
+            self.session.run_with_iobinding(io)
+            full = io.get_outputs()[-1].numpy()
+            return full.reshape(-1, full.shape[-1])[picks]
+        io.bind_cpu_input(LOGIT_ROWS, picks.astype(np.int64, copy=False))
         if out is not None:  # decode: logits land in a preallocated buffer, no per-step wrapping
             io.bind_output("logits", "cpu", 0, out.dtype, out.shape, out.ctypes.data)
             self.session.run_with_iobinding(io)
-            return out
+            return out[0]
         io.bind_output("logits", "cpu")
         self.session.run_with_iobinding(io)
-        return io.get_outputs()[-1].numpy()
+        return io.get_outputs()[-1].numpy()[0]
 
     def prefill(self, row: int, ids: list[int], *, start: int = 0, total: int | None = None) -> np.ndarray:
         """Run prompt tokens ``ids`` into ``row`` after the ``start`` tokens it already holds (a chunk
@@ -300,9 +309,9 @@ class Runner:
         self.ensure_capacity(max(total or 0, start + n) + 1)
         x = np.asarray([ids])
         mask = np.ones((1, start + n), dtype=self.mask_dtype)
-        logits = self._run(slice(row, row + 1), x, mask)
+        logits = self._run(slice(row, row + 1), x, mask, np.asarray([n - 1]))
         self.lengths[row] = start + n
-        return logits[0, -1].astype(np.float32, copy=False)
+        return logits[-1].astype(np.float32, copy=False)
 
     def decode(self, tokens: np.ndarray, start: int = 0) -> np.ndarray:
         """One token for each of rows start..start+n-1 (n = len(tokens)); returns logits [n, vocab]."""
@@ -311,9 +320,30 @@ class Runner:
         total = int(lengths.max()) + 1
         self.ensure_capacity(total)
         mask = (np.arange(total)[None, :] <= lengths[:, None]).astype(self.mask_dtype)
-        logits = self._run(slice(start, start + n), tokens.reshape(n, 1), mask, self._logits[:n])
+        logits = self._run(slice(start, start + n), tokens.reshape(n, 1), mask, np.arange(n), self._logits[:, :n])
         lengths += 1
-        return logits[:, -1].astype(np.float32, copy=False)
+        return logits.astype(np.float32, copy=False)
+
+    def verify(self, fed: list[list[int]]) -> list[np.ndarray]:
+        """Several tokens for each of rows 0..n-1 in one step (speculation, engine/speculate.py): row b
+        is fed ``fed[b]`` (its pending token, then its guesses); returns each row's logits
+        [len(fed[b]), vocab], one per fed token. Rows are padded to the longest (the padding's KV
+        lands past the row's length and is never read). The rows' lengths are left as they were:
+        the caller sets each to what it accepted (``keep``), so a rejected guess leaves no KV behind."""
+        n, width = len(fed), max(len(f) for f in fed)
+        lengths = self.lengths[:n]
+        total = int(lengths.max()) + width
+        self.ensure_capacity(total)
+        ids = np.asarray([f + [f[-1]] * (width - len(f)) for f in fed])
+        mask = (np.arange(total)[None, :] < (lengths[:, None] + width)).astype(self.mask_dtype)
+        positions = lengths[:, None] + np.arange(width)[None, :]
+        picks = np.concatenate([b * width + np.arange(len(f)) for b, f in enumerate(fed)])
+        logits = self._run(slice(0, n), ids, mask, picks, positions=positions).astype(np.float32, copy=False)
+        return np.split(logits, np.cumsum([len(f) for f in fed])[:-1])
+
+    def keep(self, row: int, tokens: int) -> None:
+        """Row ``row`` holds ``tokens`` valid tokens (after a verify step: what was accepted)."""
+        self.lengths[row] = tokens
 
     def shrink(self, capacity: int = 256) -> None:
         """Give memory back when idle after long sequences."""

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from ortserve.engine.detokenize import IncrementalDetokenizer, StopMatcher
 from ortserve.engine.guidance import Guide
 from ortserve.engine.sampler import make_rng
+from ortserve.engine.speculate import Drafter
 from ortserve.types import Metrics, SamplingParams, TokenEvent
 
 Sink = Callable[[TokenEvent], object]  # its return value is ignored (the engine hands events to the loop)
@@ -38,6 +39,7 @@ class Sequence:
     logprobs: list[tuple[int, float, list[tuple[int, float]]]] = field(default_factory=list)  # not yet emitted
     guide: Guide | None = None      # grammar state when the output is constrained (engine/guidance.py)
     adapter: str = ""               # the LoRA adapter it runs with (engine/lora.py); "" = the base model
+    draft: Drafter | None = None    # its prompt-lookup guesses, once it speculated (engine/speculate.py)
 
     def __post_init__(self) -> None:
         self.rng = make_rng(self.params.seed)
@@ -76,4 +78,5 @@ class Sequence:
             tpot=decode_time / (n_out - 1) if n_out > 1 else None, total_latency=total,
             tokens_per_second=n_out / total if total > 0 else 0.0,
             output_tokens_per_second=(n_out - 1) / decode_time if n_out > 1 and decode_time > 0 else 0.0,
-            queue_time=(self.started_at or end) - self.arrival, cached_tokens=self.reused)
+            queue_time=(self.started_at or end) - self.arrival, cached_tokens=self.reused,
+            speculative=self.draft.stats() if self.draft is not None else None)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 
 from ortserve.errors import InvalidRequest
 from ortserve.types import SAMPLING_DEFAULT_FIELDS, SamplingDefaults, SamplingParams
@@ -157,6 +157,8 @@ class _Sampling(_Contract):
     keep_alive: float | str | None = None  # seconds or "5m"; 0 = unload after, -1 = keep (server/manager.py)
     timeout: float | None = Field(None, description="ortserve extension: this request's deadline in "
                                   "seconds, queue time included (default: the server's `timeout`)")
+    speculative: StrictBool | None = Field(None, description="ortserve extension: false turns prompt-lookup "
+                                           "speculation off for this request (docs/speculative.md)")
 
     REFUSED: ClassVar[dict[str, str]] = OPENAI_REFUSED
 
@@ -183,7 +185,8 @@ class _Sampling(_Contract):
         return SamplingParams(
             **sampling, max_tokens=mt, min_tokens=self.min_tokens or 0, seed=self.seed, stop=stop,
             logit_bias=self.logit_bias or {}, presence_penalty=self.presence_penalty or 0.0,
-            frequency_penalty=self.frequency_penalty or 0.0, timeout=self.timeout, fit_context=defaulted)
+            frequency_penalty=self.frequency_penalty or 0.0, timeout=self.timeout, fit_context=defaulted,
+            speculative=self.speculative is not False)
 
     def sampling_headers(self, params: SamplingParams, defaults: SamplingDefaults) -> dict[str, str]:
         """X-Ortserve-Sampling: the values used; X-Ortserve-Sampling-Defaults: which were defaulted, from where."""

@@ -74,6 +74,10 @@ class EngineCollector:
          "Cached prefixes dropped to make room in the KV budget"),
         ("ortserve_prefix_cache_bytes", "gauge", "prefix_cache_bytes", "KV bytes the prefix cache holds"),
         ("ortserve_prefix_cache_entries", "gauge", "prefix_cache_entries", "Prefixes the prefix cache holds"),
+        ("ortserve_speculative_proposed_tokens", "counter", "speculative_proposed",
+         "Prompt-lookup guesses verified (docs/speculative.md)"),
+        ("ortserve_speculative_accepted_tokens", "counter", "speculative_accepted",
+         "Prompt-lookup guesses the model agreed with (tokens decoded for free)"),
     )
 
     def __init__(self, stats: Callable[[], Any]) -> None:

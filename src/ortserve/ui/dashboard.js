@@ -57,6 +57,7 @@
   function renderTables(stats) {
     const m = stats.memory;
     const pc = stats.prefix_cache;
+    const sp = stats.speculative;
     $("model-name").textContent = stats.model ? "model: " + stats.model : "model: loading";
     $("tiles").replaceChildren(
       tile("running", String(stats.running)), tile("waiting", String(stats.waiting)),
@@ -64,7 +65,8 @@
       tile("output tokens", String(stats.total_output_tokens)), tile("RSS", m.rss_mb.toFixed(0) + " MB"),
       tile("system memory used", m.system_used_pct.toFixed(0) + " %"), tile("uptime", fmtUptime(stats.uptime)),
       tile("prefix cache hit rate", pc && pc.hit_rate != null ? (100 * pc.hit_rate).toFixed(1) + " %" : "-"),
-      tile("prompt tokens reused", pc ? String(pc.reused) : "-"));
+      tile("prompt tokens reused", pc ? String(pc.reused) : "-"),
+      tile("speculation acceptance", sp && sp.acceptance != null ? (100 * sp.acceptance).toFixed(1) + " %" : "-"));
     const r = stats.router;
     const rows = (r.costs && r.costs.rows) || [];
     $("costs").replaceChildren(...(rows.length ? rows.map((c) => el("tr", {},

@@ -34,7 +34,7 @@ from ortserve.telemetry import span_of
 router = APIRouter()
 
 SAMPLING = ("temperature", "top_p", "top_k", "min_p", "typical_p", "logit_bias", "min_tokens", "seed", "stop",
-            "repetition_penalty", "presence_penalty", "frequency_penalty", "timeout")
+            "repetition_penalty", "presence_penalty", "frequency_penalty", "timeout", "speculative")
 
 
 def turn_of(body: ChatCompletionRequest) -> ChatTurn:

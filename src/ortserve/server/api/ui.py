@@ -82,6 +82,9 @@ async def stats(request: Request) -> JSONResponse:
                     tokens_per_second=round(s.tokens_per_second, 2), total_requests=s.total_requests,
                     total_output_tokens=s.total_output_tokens)
         body["prefix_cache"] = prefix_cache_view(s)
+        proposed, accepted = int(s.speculative_proposed), int(s.speculative_accepted)
+        body["speculative"] = {"proposed": proposed, "accepted": accepted,
+                               "acceptance": round(accepted / proposed, 4) if proposed else None}
     if st.manager is not None:  # every loaded model, the pinned one included
         rows = st.manager.ps()
         body["models"] = rows

@@ -1,0 +1,45 @@
+"""Prompt-lookup proposals and adaptive k (engine/speculate.py), without a model."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ortserve.engine.speculate import Drafter, lookup
+
+
+def test_the_longest_suffix_match_proposes_what_followed_it() -> None:
+    ctx = np.array([1, 2, 3, 9, 9, 5, 2, 3, 7, 8, 1, 2, 3])
+    # 3-gram [1, 2, 3] occurred at 0: what followed was 9, 9, 5
+    assert lookup(ctx, 3) == [9, 9, 5]
+    assert lookup(ctx, 1) == [9]
+
+
+def test_a_shorter_ngram_is_tried_when_the_longer_did_not_occur_and_the_latest_match_wins() -> None:
+    ctx = np.array([4, 7, 1, 6, 5, 7, 2, 8, 7])
+    # no earlier [5, 8, 7] nor [8, 7]; [7] occurred at 1 and 5: the latest, 5, is followed by 2, 8
+    assert lookup(ctx, 2) == [2, 8]
+
+
+def test_no_match_and_degenerate_contexts_propose_nothing() -> None:
+    assert lookup(np.array([1, 2, 3, 4]), 4) == []
+    assert lookup(np.array([5]), 4) == []
+    assert lookup(np.array([1, 1]), 0) == []
+    assert lookup(np.array([1, 1]), 3) == [1]  # what follows runs to the end of the context
+
+
+def test_k_grows_while_guesses_hold_shrinks_on_a_miss_and_backs_off_when_nothing_pays() -> None:
+    d = Drafter(k_max=6, k=3)
+    ctx = [1, 2, 3, 4, 5, 6, 7, 8, 1, 2]
+    assert d.propose(ctx, 10) == [3, 4, 5]
+    d.record(3, 3)
+    assert d.k == 4 and d.propose(ctx, 10) == [3, 4, 5, 6]
+    assert d.propose(ctx, 2) == [3, 4]  # the engine's limit (max_tokens, context, KV budget) wins
+    d.record(4, 1)
+    assert d.k == 2
+    d.record(2, 0)
+    d.record(1, 0)  # two steps in a row with nothing accepted: it rests
+    assert d.rest > 0
+    rest = d.rest
+    assert all(d.propose(ctx, 10) == [] for _ in range(rest))
+    assert d.propose(ctx, 10) == [3]
+    assert d.stats() == {"proposed": 10, "accepted": 4, "steps": 4, "acceptance": 0.4}
