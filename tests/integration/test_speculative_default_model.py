@@ -1,0 +1,58 @@
+"""Speculation on the real default model (SmolLM2-135M) over copy-heavy prompts: greedy tokens are the
+same with it on and off, and guesses are accepted. The model as stored computes its MatMulNBits at
+accuracy_level 4, whose results move with the number of rows in a step (docs/prefix_cache.md,
+"Exactness"); a verify step has k+1 rows, so exactness is tested on a copy at accuracy_level 0, as
+benchmarks/split_invariance.py does (docs/speculative.md, "Exactness")."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+
+import pytest
+
+from ortserve.config import load_settings
+from ortserve.engine import AsyncEngine
+from ortserve.types import SamplingParams
+
+PASSAGE = ("The warranty covers defects in materials and workmanship for two years from the date of purchase. "
+           "It does not cover damage caused by limescale or by dropping the kettle.")
+PROMPTS = [[{"role": "system", "content": f"Answer by quoting this passage word for word.\n\n{PASSAGE}"},
+            {"role": "user", "content": "What does the warranty cover? Quote the passage."}],
+           [{"role": "user", "content": 'Return this JSON with city set to "Paris", JSON only: '
+                                        '{"id": 4812, "name": "Ada Lovelace", "city": "London", "seats": 12}'}]]
+
+
+@pytest.fixture(scope="module")
+def level0(default_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import onnx
+
+    dst = tmp_path_factory.mktemp("smollm2-level0")
+    for f in default_model.iterdir():
+        if f.is_file() and f.name != "model.onnx":
+            shutil.copy(f, dst / f.name)
+    model = onnx.load(str(default_model / "model.onnx"), load_external_data=False)
+    for node in model.graph.node:
+        for a in node.attribute:
+            if node.op_type == "MatMulNBits" and a.name == "accuracy_level":
+                a.i = 0
+    onnx.save_model(model, str(dst / "model.onnx"))
+    return dst
+
+
+def test_greedy_tokens_match_with_speculation_on_and_off_and_guesses_are_accepted(level0: Path) -> None:
+    eng = AsyncEngine.load(level0, load_settings(max_batch=2, prefix_cache=False))
+    eng.core.start()
+    try:
+        params = SamplingParams(temperature=0, max_tokens=28)
+        for messages in PROMPTS:
+            out = {}
+            for on in (True, False):
+                eng.core.speculative = on
+                out[on] = asyncio.run(eng.generate(messages=messages, params=params))
+            assert out[True].text == out[False].text
+            spec = out[True].metrics.speculative
+            assert spec["accepted"] > 0, spec
+    finally:
+        eng.core.stop()
