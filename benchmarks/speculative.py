@@ -103,6 +103,23 @@ class LlamaServer:
         self.proc.wait(30)
 
 
+def step_costs(engine: AsyncEngine, reps: int = 7) -> dict[int, float]:
+    """Median ms of one step of one sequence (512 tokens held) feeding 1 (a decode step) to 9
+    tokens (a verify step with k = width - 1): what a guess costs."""
+    runner = engine.model.runner
+    runner.prefill(0, list(range(100, 612)))
+    out = {}
+    for width in (1, 2, 3, 5, 9):
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            runner.verify([list(range(700, 700 + width))])
+            times.append(time.perf_counter() - t0)
+        out[width] = round(1000 * median(times), 2)
+    runner.clear(0)
+    return out
+
+
 def tg128(bin_dir: Path, gguf: Path, threads: int) -> float:
     env = {**os.environ, "LD_LIBRARY_PATH": str(bin_dir)}
     out = subprocess.run([str(bin_dir / "llama-bench"), "-m", str(gguf), "-t", str(threads), "-p", "0",
@@ -126,29 +143,32 @@ def main() -> None:
     res: dict[str, Any] = {"benchmark": "speculative", "model": mid, "gguf": str(gguf), "machine": machine(),
                            "threads": args.threads, "gen": args.gen, "reps": args.reps, "streams": args.streams}
     engine = AsyncEngine.load(path, load_settings(max_batch=args.streams, intra_op_threads=args.threads))
+    res["step_ms_by_width"] = step_costs(engine)  # before the loop starts: the runner is ours
     engine.core.start()
     rows: dict[str, dict[str, Any]] = {}
     try:
         for name, msgs in WORKLOADS.items():
             row: dict[str, Any] = {}
-            texts = {}
-            for on in (False, True):
-                engine.core.speculative = on
-                runs = [asyncio.run(ortserve_one(engine, msgs, args.gen)) for _ in range(args.reps)]
-                key = "on" if on else "off"
-                row[f"ortserve_{key}_tps"] = median([r["tps"] for r in runs])
-                row[f"ortserve_{key}_{args.streams}x_tps"] = asyncio.run(
-                    ortserve_many(engine, msgs, args.streams, args.stream_gen))
-                texts[key] = runs[-1]["text"]
-                if on and runs[-1]["spec"]:
-                    row["acceptance"] = runs[-1]["spec"]["acceptance"]
-                    row["tokens"] = runs[-1]["tokens"]
-            row["greedy_identical"] = texts["on"] == texts["off"]
+            runs: dict[str, list[dict[str, Any]]] = {"on": [], "off": []}
+            many: dict[str, list[float]] = {"on": [], "off": []}
+            for _ in range(args.reps):  # on and off interleaved: a busy machine drifts between runs
+                for key in ("off", "on"):
+                    engine.core.speculative = key == "on"
+                    runs[key].append(asyncio.run(ortserve_one(engine, msgs, args.gen)))
+                    many[key].append(asyncio.run(ortserve_many(engine, msgs, args.streams, args.stream_gen)))
+            for key in ("off", "on"):
+                row[f"ortserve_{key}_tps"] = median([r["tps"] for r in runs[key]])
+                row[f"ortserve_{key}_{args.streams}x_tps"] = median(many[key])
+            spec = runs["on"][-1]["spec"] or {}
+            row["acceptance"], row["proposed"], row["tokens"] = spec.get("acceptance"), spec.get("proposed"), \
+                runs["on"][-1]["tokens"]
+            row["greedy_identical"] = runs["on"][-1]["text"] == runs["off"][-1]["text"]
             row["on_over_off"] = row["ortserve_on_tps"] / row["ortserve_off_tps"]
             row[f"on_over_off_{args.streams}x"] = (row[f"ortserve_on_{args.streams}x_tps"]
                                                    / row[f"ortserve_off_{args.streams}x_tps"])
             rows[name] = row
     finally:
+        engine.core.speculative = True
         engine.core.stop()
     res["workloads"] = rows
     bin_dir = Path(args.llama_bin).expanduser() if args.llama_bin else None

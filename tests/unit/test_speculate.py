@@ -36,10 +36,17 @@ def test_k_grows_while_guesses_hold_shrinks_on_a_miss_and_backs_off_when_nothing
     assert d.propose(ctx, 2) == [3, 4]  # the engine's limit (max_tokens, context, KV budget) wins
     d.record(4, 1)
     assert d.k == 2
-    d.record(2, 0)
-    d.record(1, 0)  # two steps in a row with nothing accepted: it rests
-    assert d.rest > 0
+    d.record(2, 0)  # nothing accepted: it rests 4 steps, then 8 after the next miss
+    assert d.rest == 4
+    d.record(1, 0)
+    assert d.rest == 8
     rest = d.rest
     assert all(d.propose(ctx, 10) == [] for _ in range(rest))
     assert d.propose(ctx, 10) == [3]
     assert d.stats() == {"proposed": 10, "accepted": 4, "steps": 4, "acceptance": 0.4}
+
+
+def test_a_single_repeated_token_is_not_enough_of_a_clue_for_the_drafter() -> None:
+    d = Drafter(k_max=4, k=4)
+    assert d.propose([5, 6, 7, 1, 8, 9, 1], 10) == []      # only the unigram [1] occurred before
+    assert d.propose([5, 6, 7, 1, 8, 9, 7, 1], 10) == [8, 9, 7, 1]

@@ -1,7 +1,7 @@
 """Prompt-lookup speculation: guess the next tokens of a sequence from its own context.
 
 RAG answers quote their passages, agents repeat argument values and JSON keys, code edits repeat
-the code. When the last n tokens (n from 3 down to 1) occurred before in the prompt or the output,
+the code. When the last n tokens (n from 3 down to 2) occurred before in the prompt or the output,
 the tokens that followed them there are a cheap guess of what comes next. The engine feeds the
 guesses with the sequence's pending token in one step (engine/core.py ``step``): a step that is
 bandwidth-bound costs about one weight read however many positions it computes, so every guess
@@ -60,6 +60,7 @@ class Drafter:
 
     k_max: int = 4
     k: int = 4                # guesses proposed next time
+    min_ngram: int = 2        # a single repeated token is too weak a clue in free text (it mostly fails)
     proposed: int = 0         # guesses verified
     accepted: int = 0         # guesses the model agreed with
     steps: int = 0            # verify steps run
@@ -74,7 +75,7 @@ class Drafter:
         if self.rest > 0:
             self.rest -= 1
             return []
-        return lookup(np.asarray(context, dtype=np.int64), min(self.k, limit))
+        return lookup(np.asarray(context, dtype=np.int64), min(self.k, limit), min_ngram=self.min_ngram)
 
     def record(self, proposed: int, accepted: int) -> None:
         """Learn from one verify step: ``accepted`` of ``proposed`` guesses were right."""
@@ -87,8 +88,8 @@ class Drafter:
             return
         self.k = max(1, accepted + 1)  # the run that held, and one more
         self.misses = self.misses + 1 if accepted == 0 else 0
-        if self.misses >= 2:  # guessing does not pay here: back off, longer each time it keeps failing
-            self.rest = min(64, 4 << min(self.misses - 2, 4))
+        if self.misses:  # nothing held: back off, longer each time it keeps failing
+            self.rest = min(64, 4 << min(self.misses - 1, 4))
 
     def stats(self) -> dict[str, int | float]:
         rate = self.accepted / self.proposed if self.proposed else 0.0
