@@ -120,3 +120,30 @@ def test_sampled_tokens_follow_the_same_distribution(tiny) -> None:
             assert tv < 0.12, (pos, tv, a, b)
     finally:
         eng.core.speculative = True
+
+
+def test_the_prefix_cache_holds_only_accepted_kv_after_speculating(tiny, tiny_model: Path) -> None:
+    """Turns that resend the conversation start from a speculating request's saved row: a rejected
+    guess's KV left in it would change the next answers."""
+    cached = AsyncEngine.load(tiny_model, load_settings(max_batch=4))  # prefix cache on
+    cached.core.start()
+    try:
+        params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logit_bias=copy_bias(tiny))
+
+        def loop(eng: AsyncEngine, speculative: bool) -> list[str]:
+            eng.core.speculative = speculative
+            messages, out = [{"role": "system", "content": COPY[2]}], []
+            for q in ("Repeat the words.", "Again, longer.", "And once more."):
+                messages.append({"role": "user", "content": q})
+                res = asyncio.run(eng.generate(messages=messages, params=params))
+                messages.append({"role": "assistant", "content": res.text})
+                out.append(res.text)
+            return out
+
+        before = cached.core.spec_accepted
+        with_cache = loop(cached, True)
+        assert cached.core.spec_accepted > before and cached.core.stats().prompt_tokens_reused > 0
+        assert with_cache == loop(tiny, False)  # no cache, no speculation
+    finally:
+        cached.core.stop()
+        tiny.core.speculative = True
