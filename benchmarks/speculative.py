@@ -137,7 +137,9 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--streams", type=int, default=16)
     ap.add_argument("--stream-gen", type=int, default=32, help="tokens per request in the N-stream runs")
+    ap.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated subset of the workloads")
     args = ap.parse_args()
+    chosen = {name: WORKLOADS[name] for name in args.workloads.split(",")}
     path, mid = model_dir(args.model)
     gguf = embedded_gguf()
     res: dict[str, Any] = {"benchmark": "speculative", "model": mid, "gguf": str(gguf), "machine": machine(),
@@ -147,7 +149,7 @@ def main() -> None:
     engine.core.start()
     rows: dict[str, dict[str, Any]] = {}
     try:
-        for name, msgs in WORKLOADS.items():
+        for name, msgs in chosen.items():
             row: dict[str, Any] = {}
             runs: dict[str, list[dict[str, Any]]] = {"on": [], "off": []}
             many: dict[str, list[float]] = {"on": [], "off": []}
@@ -183,7 +185,7 @@ def main() -> None:
             for label, extra in (("default", []), ("ngram_simple", ["--spec-type", "ngram-simple"])):
                 srv = LlamaServer(bin_dir, gguf, args.threads, args.streams, extra)
                 try:
-                    for name, msgs in WORKLOADS.items():
+                    for name, msgs in chosen.items():
                         runs = [srv.one(msgs, args.gen) for _ in range(args.reps)]
                         row = rows[name]
                         row[f"llama_server_{label}_tps"] = median([r["tps"] for r in runs])
