@@ -2,15 +2,12 @@
 
 The builder's graph returns logits for every input position: for an 8k-token prompt that is
 8k x 49k x 4 B = 1.6 GB, and the LM head over every prompt position is a large share of
-prefill compute. The engine only ever samples from the last position, so ``last_position_logits``
-inserts a Slice of the hidden state before the LM head: logits come out as [batch, 1, vocab]
-whatever the input length. The edited graph is handed to ONNX Runtime as bytes; the weights
-stay in the model directory's external data file.
-
-``gather_positions`` is the general form speculation needs (engine/speculate.py): the hidden state
-is flattened to [batch x positions, hidden] and the rows named by an int64 input
-``ortserve_logit_rows`` are gathered before the LM head, so logits come out as [1, rows, vocab]:
-the last position of each row for prefill and decode, every fed position of a speculating row.
+prefill compute. The engine samples from the last position of each row, and a speculating row
+(engine/speculate.py) from each position it fed, so ``gather_positions`` picks those before the LM
+head: the hidden state is flattened to [batch x positions, hidden], the rows named by an int64
+input ``ortserve_logit_rows`` are gathered, and logits come out as [1, rows, vocab] whatever the
+input length. The edited graph is handed to ONNX Runtime as bytes; the weights stay in the model
+directory's external data file.
 """
 
 from __future__ import annotations
@@ -37,46 +34,6 @@ def load_decoder(onnx_path: Path) -> Any:
         return onnx.load(str(onnx_path), load_external_data=False)
     except Exception:  # noqa: BLE001 - a corrupt file: ONNX Runtime's load reports it as a ModelError
         return None
-
-
-def last_position_logits(onnx_path: Path) -> bytes | None:
-    """The decoder with logits for the last position only, or None when the graph has no
-    recognizable LM head (the caller then runs the model as it is)."""
-    model = load_decoder(onnx_path)
-    if model is None or not slice_last_position(model):
-        if model is not None:
-            log.warning("no LM head found before 'logits' in %s: prefill keeps all positions", onnx_path)
-        return None
-    return bytes(model.SerializeToString())
-
-
-def slice_last_position(model: Any) -> bool:
-    """Edit ``model`` in place so its logits cover the last position only; False (unchanged)
-    when the graph has no recognizable LM head."""
-    from onnx import TensorProto, helper
-
-    graph = model.graph
-    node = lm_head(graph)
-    if node is None:
-        return False
-    hidden = node.input[0]
-    sliced = f"{hidden}/last_position"
-    names = {"starts": [-1], "ends": [2**62], "axes": [1]}
-    consts = []
-    for key, value in names.items():
-        consts.append(helper.make_tensor(f"ortserve/last_position/{key}", TensorProto.INT64, [1], value))
-    graph.initializer.extend(consts)
-    slice_node = helper.make_node("Slice", [hidden] + [c.name for c in consts], [sliced],
-                                  name="ortserve/last_position/Slice")
-    node.input[0] = sliced
-    index = list(graph.node).index(node)
-    graph.node.insert(index, slice_node)
-    for out in graph.output:
-        if out.name == "logits":
-            dim = out.type.tensor_type.shape.dim[1]
-            dim.Clear()
-            dim.dim_value = 1
-    return True
 
 
 LOGIT_ROWS = "ortserve_logit_rows"
