@@ -12,6 +12,7 @@ import json
 import logging
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -90,8 +91,18 @@ def after_traffic(served: tuple[str, Path, Any]) -> tuple[Path, dict[str, int]]:
         # The client can read [DONE] before the server has finished the response and ended
         # its span; the next request on the same keep-alive connection starts only after that.
         assert c.get("/healthz").status_code == 200
-    state.telemetry.force_flush()
-    return directory, {"/v1/chat/completions": 4, "/v1/completions": 1, "/v1/chat": 1, "/v1/chat/stream": 1}
+    sent = {"/v1/chat/completions": 4, "/v1/completions": 1, "/v1/chat": 1, "/v1/chat/stream": 1}
+    # A streamed response's span ends when the server's side of the stream closes, which can
+    # come a moment after the client read [DONE]: flush until every request's span is written.
+    deadline = time.monotonic() + 30
+    while True:
+        state.telemetry.force_flush()
+        spans = _records(directory, "traces", "resourceSpans", "scopeSpans", "spans")
+        routes = [attrs_of(sp["attributes"]).get(n.ROUTE, "") for sp in spans]
+        if all(routes.count(r) >= k for r, k in sent.items()) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    return directory, sent
 
 
 def test_spans_carry_the_request_attributes(after_traffic: tuple[Path, dict[str, int]]) -> None:
