@@ -50,3 +50,11 @@ def test_a_single_repeated_token_is_not_enough_of_a_clue_for_the_drafter() -> No
     d = Drafter(k_max=4, k=4)
     assert d.propose([5, 6, 7, 1, 8, 9, 1], 10) == []      # only the unigram [1] occurred before
     assert d.propose([5, 6, 7, 1, 8, 9, 7, 1], 10) == [8, 9, 7, 1]
+
+
+def test_a_match_too_near_the_end_gives_way_to_one_followed_by_k_tokens() -> None:
+    #                    0  1  2  3  4  5  6  7  8  9 10 11 12
+    ctx = np.array([5, 1, 2, 3, 9, 8, 1, 2, 3, 7, 1, 2, 3])
+    assert lookup(ctx, 4) == [7, 1, 2, 3]          # the latest [1 2 3] (6..8) has 4 after it
+    assert lookup(ctx, 5) == [9, 8, 1, 2, 3]       # it has only 4: the match at 1 has 5
+    assert lookup(np.array([4, 6] * 5), 3) == [4, 6, 4]   # a run: not the latest [6 4 6], 2 short

@@ -49,7 +49,11 @@ def lookup(context: np.ndarray, k: int, max_ngram: int = MAX_NGRAM, min_ngram: i
                 break
             starts = starts[context[starts + j] == tail[j]]
         if starts.size:
-            at = int(starts[-1]) + n  # the latest match: the nearest context is the likeliest to repeat
+            # the latest match followed by k tokens (the nearest context is the likeliest to
+            # repeat), else the earliest: in a run that repeats right before the tail, the
+            # latest match is followed by only a token or two, the earliest by the whole run
+            full = starts[starts <= size - n - k]
+            at = int(full[-1] if full.size else starts[0]) + n
             return [int(t) for t in context[at:at + k]]
     return []
 
