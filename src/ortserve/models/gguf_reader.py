@@ -217,6 +217,7 @@ class GGUFWeights:
     n_head: int
     n_head_kv: int
     tensors: dict[str, Any] = field(default_factory=dict)   # name -> gguf ReaderTensor
+    reader: Any = None                                       # the gguf.GGUFReader (metadata fields)
 
     @classmethod
     def open(cls, path: Path) -> GGUFWeights:
@@ -229,7 +230,7 @@ class GGUFWeights:
                                        f"(supported: {', '.join(ARCHITECTURES)})")
         heads = int(_field(reader, f"{arch}.attention.head_count"))
         kv = int(_field(reader, f"{arch}.attention.head_count_kv", heads))
-        return cls(Path(path), arch, heads, kv, {t.name: t for t in reader.tensors})
+        return cls(Path(path), arch, heads, kv, {t.name: t for t in reader.tensors}, reader)
 
     def qtype(self, name: str) -> str:
         return str(self.tensors[name].tensor_type.name)
@@ -290,6 +291,44 @@ def exact_precision(weights: GGUFWeights) -> str:
     kinds = Counter(weights.qtype(n) for n in weights.tensors
                     if n.startswith("blk.") and len(weights.tensors[n].shape) == 2)
     return kinds.most_common(1)[0][0].lower() if kinds else "gguf"
+
+
+def requantizable_types() -> tuple[str, ...]:
+    """Block types with no exact form that gguf can still dequantize (the re-quantizing path)."""
+    import gguf
+
+    traits = getattr(gguf.quants, "_type_traits", {})
+    return tuple(sorted(t.name for t in traits if t.name not in SUPPORTED and t.name not in FLOAT_TYPES))
+
+
+def refuse_unusable(weights: GGUFWeights) -> None:
+    """Refuse, in seconds and before any heavy work, a file with a matrix in a type that
+    neither the exact path nor the re-quantizing path can read; the error names both lists."""
+    bad = {n: t for n, t in unsupported_tensors(weights).items() if t not in requantizable_types()}
+    if bad:
+        kinds = sorted(set(bad.values()))
+        raise ModelError(f"{weights.path.name}: {len(bad)} weight(s) in {', '.join(kinds)}, which ortserve cannot "
+                         f"read (exact: {', '.join(SUPPORTED + FLOAT_TYPES)}; re-quantized: "
+                         f"{', '.join(requantizable_types())})",
+                         hint="convert the file to one of those types, e.g. llama-quantize ... Q4_K_M")
+
+
+def open_header(gguf_path: Path, architectures: Any) -> GGUFWeights:
+    """The tensor table and metadata (memory-mapped, nothing decoded); refuses an architecture
+    outside ``architectures`` or an unreadable block type, naming what is supported."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(gguf_path))
+    arch = str(_field(reader, "general.architecture", ""))
+    if arch not in architectures:
+        raise ModelError(f"{Path(gguf_path).name}: GGUF architecture {arch or '(none)'!r} is not supported "
+                         f"(supported: {', '.join(sorted(architectures))})",
+                         hint="the architecture is in the file's general.architecture field")
+    heads = int(_field(reader, f"{arch}.attention.head_count", 1))
+    kv = int(_field(reader, f"{arch}.attention.head_count_kv", heads))
+    weights = GGUFWeights(Path(gguf_path), arch, heads, kv, {t.name: t for t in reader.tensors}, reader)
+    refuse_unusable(weights)
+    return weights
 
 
 def preflight(gguf_path: Path) -> GGUFWeights:

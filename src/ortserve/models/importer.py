@@ -25,7 +25,7 @@ from ortserve.models.catalog import (
 from ortserve.models.quality import perplexity
 from ortserve.models.sampling import for_source
 from ortserve.models.store import ModelStore, Variant, validate_name
-from ortserve.models.validate import check_gguf, check_hf_dir, check_onnx_dir
+from ortserve.models.validate import GGUF_ARCHITECTURES, check_gguf, check_hf_dir, check_onnx_dir
 from ortserve.models.variants import (  # re-exported: callers and tests import them from here
     ALGOS,
     Progress,
@@ -62,6 +62,9 @@ def import_gguf(store: ModelStore, gguf: Path, model_id: str, *, precision: str 
     validate_name(model_id)
     gguf = Path(gguf).resolve()
     check_gguf(gguf)  # bounds-checked header + architecture, before transformers reads it
+    from ortserve.models.gguf_reader import open_header
+
+    open_header(gguf, GGUF_ARCHITECTURES)   # every block type readable, or a refusal in seconds
     precision = requantize or precision
     if precision is None:
         exact = _exact_plan(gguf, device, progress)
@@ -153,21 +156,27 @@ def _exact_plan(gguf: Path, device: str, progress: Progress | None) -> str | Non
 
 def _build_exact(store: ModelStore, gguf: Path, model_id: str, tmp: Path, progress: Progress | None,
                  aliases: list[str] | None) -> dict[str, Any]:
-    from ortserve.models import gguf_exact
+    from ortserve.models import gguf_exact, gguf_fast
 
-    work = tmp.with_name(tmp.name + ".hf")
-    work.mkdir()
-    try:
-        report = gguf_exact.import_gguf_exact(gguf, tmp, work, progress=progress)
-        ref_dir = Path(report.pop("reference_dir"))
-        ref = known_reference(store, model_id) or float(perplexity(ref_dir)["perplexity"])
-        shutil.rmtree(work, ignore_errors=True)   # before measuring speed: free the fp32 copy
+    weights = gguf_exact.preflight(gguf)
+    if gguf_fast.streamable(weights):   # graph from metadata, blocks streamed: ~the file's size in memory
+        report = gguf_fast.import_gguf_streamed(gguf, tmp, progress=progress)
+        if progress:
+            progress("measuring perplexity (fp32 compute = the reference) and speed")
+        ref = known_reference(store, model_id) or gguf_fast.fp32_compute_perplexity(tmp)
+    else:
+        work = tmp.with_name(tmp.name + ".hf")
+        work.mkdir()
+        try:
+            report = gguf_exact.import_gguf_exact(gguf, tmp, work, progress=progress)
+            ref_dir = Path(report.pop("reference_dir"))
+            ref = known_reference(store, model_id) or float(perplexity(ref_dir)["perplexity"])
+        finally:
+            shutil.rmtree(work, ignore_errors=True)   # before measuring speed: free the fp32 copy
         if progress:
             progress("measuring perplexity and speed")
-        fields = {"precision": gguf_exact.exact_precision(gguf_exact.preflight(gguf)), "device": "cpu",
-                  **genai_facts(tmp), **measure(tmp, "cpu", ref)}
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    fields = {"precision": gguf_exact.exact_precision(weights), "device": "cpu", **genai_facts(tmp),
+              **measure(tmp, "cpu", ref)}
     return {**fields, "notes": {"gguf_exact": report}, "source": f"gguf:{gguf}", "aliases": aliases or [],
             "sampling": for_source(gguf)}
 

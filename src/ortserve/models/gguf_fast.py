@@ -1,0 +1,139 @@
+"""Exact GGUF import in the file's own memory: graph from metadata, blocks streamed.
+
+``import_gguf_streamed`` writes an ONNX GenAI directory from a Llama-family GGUF without
+transformers' dequantized model or the builder (gguf_graph writes the graph, gguf_stream
+the weights), so an import takes seconds per GB and about the file's size in memory:
+the GGUF is memory-mapped, and at any moment one node's rows are being decoded.
+
+What it checks on the way: the first rows of every matrix decode to gguf's own
+dequantization (relative error <= 1e-6), and the finished model runs a short input to finite
+logits. The graph itself (rotary, attention, norms, the minimum terms) is checked by the
+tests against the builder's fp32 reference on small files (tests/integration/test_gguf_scale.py).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ortserve.errors import ModelError
+from ortserve.models.gguf_graph import STREAM_ARCHITECTURES, GraphWriter, Spec
+from ortserve.models.gguf_reader import GGUFWeights, _field, preflight
+from ortserve.models.gguf_stream import DataFile
+
+Progress = Callable[[str], None]
+GRAPH_VERSION = 3   # gguf_exact.GRAPH_VERSIONS: 3 = written from metadata, blocks streamed
+
+
+def streamable(weights: GGUFWeights) -> bool:
+    """Whether this file takes the streamed path (its architecture's graph is written here)."""
+    return weights.arch in STREAM_ARCHITECTURES
+
+
+def genai_config(spec: Spec, weights: GGUFWeights) -> dict[str, Any]:
+    r = weights.reader
+    eos = int(_field(r, "tokenizer.ggml.eos_token_id", 0))
+    return {"model": {
+        "bos_token_id": int(_field(r, "tokenizer.ggml.bos_token_id", eos)),
+        "context_length": spec.context,
+        "decoder": {
+            "session_options": {"log_id": "onnxruntime-genai", "provider_options": []},
+            "filename": "model.onnx", "head_size": spec.head_dim, "hidden_size": spec.hidden,
+            "inputs": {"input_ids": "input_ids", "attention_mask": "attention_mask",
+                       "past_key_names": "past_key_values.%d.key", "past_value_names": "past_key_values.%d.value"},
+            "outputs": {"logits": "logits", "present_key_names": "present.%d.key",
+                        "present_value_names": "present.%d.value"},
+            "num_attention_heads": spec.heads, "num_hidden_layers": spec.layers,
+            "num_key_value_heads": spec.kv_heads},
+        "eos_token_id": eos, "pad_token_id": int(_field(r, "tokenizer.ggml.padding_token_id", eos)),
+        "type": spec.arch, "vocab_size": spec.vocab},
+        "search": {"diversity_penalty": 0.0, "do_sample": False, "early_stopping": True, "length_penalty": 1.0,
+                   "max_length": spec.context, "min_length": 0, "no_repeat_ngram_size": 0, "num_beams": 1,
+                   "num_return_sequences": 1, "past_present_share_buffer": True, "repetition_penalty": 1.0,
+                   "temperature": 1.0, "top_k": 50, "top_p": 1.0}}
+
+
+def write_tokenizer(gguf_path: Path, out_dir: Path) -> None:
+    """tokenizer.json, its config and the chat template, from the GGUF's metadata only."""
+    import os
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    except (ValueError, KeyError, OSError) as exc:
+        raise ModelError(f"cannot read the tokenizer of {gguf_path.name}: {exc}".splitlines()[0]) from exc
+    tok.save_pretrained(str(out_dir))
+
+
+def smoke_logits(model_dir: Path, spec: Spec, n_tokens: int = 8) -> float:
+    """Run a few tokens through the finished graph; refuse non-finite logits. Returns max |logit|."""
+    from ortserve.models.gguf_check import logits
+
+    ids = np.random.default_rng(0).integers(0, spec.vocab, (1, n_tokens), dtype=np.int64)
+    out = logits(model_dir / "model.onnx", ids, spec.kv_heads, spec.head_dim)
+    if not np.isfinite(out).all():
+        raise ModelError("the imported model computes non-finite logits")
+    return float(np.abs(out).max())
+
+
+def import_gguf_streamed(gguf_path: Path, out_dir: Path, *, progress: Progress | None = None,
+                         smoke: bool = True) -> dict[str, Any]:
+    """Write the exact ONNX GenAI model of ``gguf_path`` into ``out_dir``; returns the report."""
+    import onnx
+
+    say = progress or (lambda _m: None)
+    t0 = time.monotonic()
+    gguf_path = Path(gguf_path)
+    weights = preflight(gguf_path)
+    spec = Spec.of(weights, weights.reader)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    say(f"writing the {spec.layers}-layer graph and streaming the GGUF blocks")
+    data = DataFile(out_dir / "model.onnx.data")
+    try:
+        writer = GraphWriter(weights, spec, data)
+        model = writer.build()
+    finally:
+        data.close()
+    onnx.save_model(model, str(out_dir / "model.onnx"))
+    del model
+    t_graph = time.monotonic() - t0
+    write_tokenizer(gguf_path, out_dir)
+    (out_dir / "genai_config.json").write_text(json.dumps(genai_config(spec, weights), indent=4), encoding="utf-8")
+    peak = smoke_logits(out_dir, spec) if smoke else None
+    types: dict[str, int] = {}
+    for n in writer.report:
+        for t in n["gguf"]:
+            types[t] = types.get(t, 0) + 1
+    say(f"exact: {writer.checks.tensors} tensors checked against gguf's dequantization, "
+        f"max error {writer.checks.max_error:.2g}; written in {t_graph:.1f}s")
+    return {"method": "gguf-exact-streamed", "graph_version": GRAPH_VERSION, "gguf_types": types,
+            "nodes": len(writer.report), "folded_minimums": sum(n["offsets"] for n in writer.report),
+            "max_weight_error": writer.checks.max_error, "checked_tensors": writer.checks.tensors,
+            "smoke_max_logit": peak, "seconds": round(time.monotonic() - t0, 2)}
+
+
+def fp32_compute_perplexity(model_dir: Path) -> float:
+    """The reference perplexity: the same exact weights with MatMulNBits computing in fp32
+    (accuracy_level 0), which is the dequantized fp32 model up to float summation order,
+    measured without ever writing that model."""
+    from ortserve.models.gguf_check import with_accuracy_level
+    from ortserve.models.quality import perplexity
+
+    cfg_path = model_dir / "genai_config.json"
+    original = cfg_path.read_text(encoding="utf-8")
+    check = with_accuracy_level(model_dir, 0, "model.fp32-compute.onnx")
+    try:
+        cfg = json.loads(original)
+        cfg["model"]["decoder"]["filename"] = check.name
+        cfg_path.write_text(json.dumps(cfg, indent=4), encoding="utf-8")
+        return float(perplexity(model_dir)["perplexity"])
+    finally:
+        cfg_path.write_text(original, encoding="utf-8")
+        check.unlink(missing_ok=True)
