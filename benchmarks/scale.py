@@ -34,25 +34,14 @@ from typing import Any
 import numpy as np
 from _common import RawOg, emit, machine
 
-SRC = Path(os.environ.get("LLAMA_CPP_SRC", Path.home() / ".cache/ortserve-test/llama.cpp-src"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+import llamacpp
+
 SHAPES = {   # name: layers, hidden, heads, kv heads, ffn, tied
     "llama-3.2-1b": (16, 2048, 32, 8, 8192, True),
     "llama-3.2-3b": (28, 3072, 24, 8, 8192, True),
     "tiny": (2, 256, 4, 2, 512, True),
 }
-
-
-def use_more_bits(i: int, n: int) -> bool:
-    """llama.cpp's choice of the layers that get Q6_K in a Q4_K_M file."""
-    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
-
-
-def q4_k_m_type(name: str, layer: int, layers: int) -> str:
-    if name in ("token_embd", "output"):
-        return "Q6_K"
-    if name in ("attn_v", "ffn_down"):
-        return "Q6_K" if use_more_bits(layer, layers) else "Q4_K"
-    return "Q4_K"
 
 
 def llama3_rope_factors(head_dim: int, theta: float = 500000.0) -> np.ndarray:
@@ -72,28 +61,14 @@ def llama3_rope_factors(head_dim: int, theta: float = 500000.0) -> np.ndarray:
     return np.array(out, np.float32)
 
 
-def random_blocks(rng: np.random.Generator, qtype: str, rows: int, cols: int) -> np.ndarray:
-    """Random K-quant blocks with sane fp16 scales (what a quantizer's output looks like to a reader)."""
-    import gguf
-
-    t = gguf.GGMLQuantizationType[qtype]
-    per, size = gguf.constants.GGML_QUANT_SIZES[t]
-    b = rng.integers(0, 256, (rows * cols // per, size), dtype=np.uint8)
-    d = rng.uniform(2e-4, 1e-3, (b.shape[0], 2)).astype(np.float16).view(np.uint8)
-    at = {"Q6_K": slice(208, 210)}.get(qtype, slice(0, 4))
-    b[:, at] = d[:, : at.stop - at.start]
-    return b.reshape(rows, -1)
-
-
-def write_gguf(path: Path, shape: str, qtype: str, seed: int = 0) -> Path:
-    """A random-weight Llama GGUF of ``shape`` in ``qtype`` (q4_k_m, q8_0, f16), written tensor
-    by tensor (gguf's writer holds only the table until the data is streamed)."""
+def write_f16_gguf(path: Path, shape: str, seed: int = 0) -> Path:
+    """A random-weight Llama GGUF of ``shape`` in F16 (norms and rope factors F32), written
+    tensor by tensor: the header from the shapes, then each tensor generated and streamed."""
     import gguf
 
     layers, hidden, heads, kv, ffn, tied = SHAPES[shape]
     head_dim = hidden // heads
-    vocab_src = gguf.GGUFReader(str(SRC / "models/ggml-vocab-llama-bpe.gguf"))
-    template = (SRC / "models/templates/meta-llama-Llama-3.2-3B-Instruct.jinja").read_text(encoding="utf-8")
+    vocab_src = gguf.GGUFReader(str(llamacpp.vocab("llama-bpe")))
     vocab = len(vocab_src.fields["tokenizer.ggml.tokens"].data)
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_name(f"random {shape}")
@@ -110,47 +85,52 @@ def write_gguf(path: Path, shape: str, qtype: str, seed: int = 0) -> Path:
     for key, f in vocab_src.fields.items():
         if key.startswith("tokenizer.") and key != "tokenizer.ggml.eos_token_id":
             w.add_key_value(key, f.contents(), f.types[0], sub_type=f.types[-1] if len(f.types) > 1 else None)
-    w.add_chat_template(template)
+    w.add_chat_template(llamacpp.template("meta-llama-Llama-3.2-3B-Instruct"))
     w.add_eos_token_id(128009)   # <|eot_id|>, as the instruct models' files say
-
     rng = np.random.default_rng(seed)
-    plan: list[tuple[str, Any]] = [("rope_freqs.weight", lambda: llama3_rope_factors(head_dim))]
-
-    def matrix(name: str, kind: str, layer: int, rows: int, cols: int) -> None:
-        t = {"q4_k_m": q4_k_m_type(kind, layer, layers), "q8_0": "Q8_0", "f16": "F16"}[qtype]
-        if t == "F16":
-            plan.append((name, lambda: rng.normal(0, 0.02, (rows, cols)).astype(np.float16)))
-        elif t == "Q8_0":
-            plan.append((name, lambda: gguf.quants.quantize(rng.normal(0, 0.02, (rows, cols)).astype(np.float32),
-                                                            gguf.GGMLQuantizationType.Q8_0), t))
-        else:
-            plan.append((name, lambda: random_blocks(rng, t, rows, cols), t))
-
-    matrix("token_embd.weight", "token_embd", 0, vocab, hidden)
+    plan: list[tuple[str, tuple[int, ...], Any]] = [("rope_freqs.weight", (head_dim // 2,), np.float32)]
+    plan.append(("token_embd.weight", (vocab, hidden), np.float16))
     for i in range(layers):
-        plan.append((f"blk.{i}.attn_norm.weight", lambda: rng.uniform(0.8, 1.2, hidden).astype(np.float32)))
-        plan.append((f"blk.{i}.ffn_norm.weight", lambda: rng.uniform(0.8, 1.2, hidden).astype(np.float32)))
+        plan += [(f"blk.{i}.attn_norm.weight", (hidden,), np.float32), (f"blk.{i}.ffn_norm.weight", (hidden,), np.float32)]
         for kind, rows, cols in (("attn_q", hidden, hidden), ("attn_k", kv * head_dim, hidden),
                                  ("attn_v", kv * head_dim, hidden), ("attn_output", hidden, hidden),
                                  ("ffn_gate", ffn, hidden), ("ffn_up", ffn, hidden), ("ffn_down", hidden, ffn)):
-            matrix(f"blk.{i}.{kind}.weight", kind, i, rows, cols)
-    plan.append(("output_norm.weight", lambda: rng.uniform(0.8, 1.2, hidden).astype(np.float32)))
+            plan.append((f"blk.{i}.{kind}.weight", (rows, cols), np.float16))
+    plan.append(("output_norm.weight", (hidden,), np.float32))
     if not tied:
-        matrix("output.weight", "output", 0, vocab, hidden)
-    arrays = []
-    for item in plan:   # shapes first (the header), data after: generate twice, cheaply, per tensor
-        a = item[1]()
-        raw = gguf.GGMLQuantizationType[item[2]] if len(item) > 2 else None
-        w.add_tensor_info(item[0], list(a.shape), a.dtype, a.nbytes, raw_dtype=raw)   # byte shape if raw
-        arrays.append(item)
+        plan.append(("output.weight", (vocab, hidden), np.float16))
+    for name, shp, dt in plan:
+        w.add_tensor_info(name, list(shp), np.dtype(dt), int(np.prod(shp)) * np.dtype(dt).itemsize)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
-    rng = np.random.default_rng(seed)
-    for item in arrays:
-        w.write_tensor_data(item[1]())
+    for name, shp, dt in plan:
+        if name == "rope_freqs.weight":
+            a = llama3_rope_factors(head_dim)
+        elif len(shp) == 1:
+            a = rng.uniform(0.8, 1.2, shp).astype(np.float32)
+        else:
+            a = (rng.standard_normal(shp, dtype=np.float32) * 0.02).astype(np.float16)
+        w.write_tensor_data(a)
     w.close()
     return path
+
+
+def make_gguf(work: Path, shape: str, qtype: str) -> Path:
+    """``work/SHAPE.QTYPE.gguf``, cached: random F16 weights quantized by llama.cpp's llama-quantize."""
+    out = work / f"{shape}.{qtype}.gguf"
+    if out.is_file():
+        return out
+    f16 = work / f"{shape}.f16.gguf"
+    if not f16.is_file():
+        write_f16_gguf(f16.with_suffix(".tmp"), shape).rename(f16)
+    exe = llamacpp.tool("llama-quantize")
+    if exe is None:
+        raise SystemExit("no llama-quantize binary (tests/llamacpp.py tool('llama-quantize'))")
+    subprocess.run([str(exe), str(f16), str(out.with_suffix(".tmp")), qtype.upper(), "2"], check=True,
+                   capture_output=True)
+    out.with_suffix(".tmp").rename(out)
+    return out
 
 
 def tree_rss(pid: int) -> int:
@@ -188,7 +168,7 @@ def llama_bench(bin_dir: Path | None, gguf_file: Path, threads: int) -> dict[str
     if exe is None or not exe.is_file():
         return {"skipped": "no llama-bench: pass --llama-bin DIR or set LLAMA_CPP_BIN"}
     out = subprocess.run([str(exe), "-m", str(gguf_file), "-p", "512", "-n", "128", "-t", str(threads),
-                          "-r", "2", "-o", "json"], capture_output=True, text=True, timeout=1800)
+                          "-r", "2", "-o", "json"], check=False, capture_output=True, text=True, timeout=1800)
     if out.returncode != 0:
         return {"error": out.stderr.strip().splitlines()[-1:]}
     rows = json.loads(out.stdout)
@@ -218,9 +198,7 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {"machine": machine(), "shape": args.shape, "runs": []}
     for qtype in args.types:
-        gguf_file = work / f"{args.shape}.{qtype}.gguf"
-        if not gguf_file.is_file():
-            write_gguf(gguf_file.with_suffix(".tmp"), args.shape, qtype).rename(gguf_file)
+        gguf_file = make_gguf(work, args.shape, qtype)
         size = gguf_file.stat().st_size
         run: dict[str, Any] = {"type": qtype, "gguf_gb": round(size / 1e9, 3)}
         out = work / f"{args.shape}.{qtype}.onnx"

@@ -13,6 +13,7 @@ tests against the builder's fp32 reference on small files (tests/integration/tes
 
 from __future__ import annotations
 
+import gc
 import json
 import time
 from collections.abc import Callable
@@ -28,6 +29,18 @@ from ortserve.models.gguf_stream import DataFile
 
 Progress = Callable[[str], None]
 GRAPH_VERSION = 3   # gguf_exact.GRAPH_VERSIONS: 3 = written from metadata, blocks streamed
+
+
+def refuse_early(gguf_path: Path) -> None:
+    """Refuse another architecture from the bounds-checked header alone (under a second, before
+    gguf's reader parses the vocabulary), naming the architectures this path writes."""
+    from ortserve.models.validate import check_gguf
+
+    arch = check_gguf(gguf_path)["gguf_architecture"]
+    if arch not in STREAM_ARCHITECTURES:
+        raise ModelError(f"{gguf_path.name}: the streamed GGUF import writes {', '.join(STREAM_ARCHITECTURES)}, "
+                         f"not {arch} (supported: {', '.join(STREAM_ARCHITECTURES)})",
+                         hint="ortserve models import uses the transformers path for the other architectures")
 
 
 def streamable(weights: GGUFWeights) -> bool:
@@ -91,6 +104,7 @@ def import_gguf_streamed(gguf_path: Path, out_dir: Path, *, progress: Progress |
     say = progress or (lambda _m: None)
     t0 = time.monotonic()
     gguf_path = Path(gguf_path)
+    refuse_early(gguf_path)
     weights = preflight(gguf_path)
     spec = Spec.of(weights, weights.reader)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -103,19 +117,23 @@ def import_gguf_streamed(gguf_path: Path, out_dir: Path, *, progress: Progress |
         data.close()
     onnx.save_model(model, str(out_dir / "model.onnx"))
     del model
+    report, checks = writer.report, writer.checks
+    config = genai_config(spec, weights)
+    del writer, weights   # unmap the GGUF before onnxruntime maps the new weights (peak RSS)
+    gc.collect()
     t_graph = time.monotonic() - t0
     write_tokenizer(gguf_path, out_dir)
-    (out_dir / "genai_config.json").write_text(json.dumps(genai_config(spec, weights), indent=4), encoding="utf-8")
+    (out_dir / "genai_config.json").write_text(json.dumps(config, indent=4), encoding="utf-8")
     peak = smoke_logits(out_dir, spec) if smoke else None
     types: dict[str, int] = {}
-    for n in writer.report:
+    for n in report:
         for t in n["gguf"]:
             types[t] = types.get(t, 0) + 1
-    say(f"exact: {writer.checks.tensors} tensors checked against gguf's dequantization, "
-        f"max error {writer.checks.max_error:.2g}; written in {t_graph:.1f}s")
+    say(f"exact: {checks.tensors} tensors checked against gguf's dequantization, "
+        f"max error {checks.max_error:.2g}; written in {t_graph:.1f}s")
     return {"method": "gguf-exact-streamed", "graph_version": GRAPH_VERSION, "gguf_types": types,
-            "nodes": len(writer.report), "folded_minimums": sum(n["offsets"] for n in writer.report),
-            "max_weight_error": writer.checks.max_error, "checked_tensors": writer.checks.tensors,
+            "nodes": len(report), "folded_minimums": sum(n["offsets"] for n in report),
+            "max_weight_error": checks.max_error, "checked_tensors": checks.tensors,
             "smoke_max_logit": peak, "seconds": round(time.monotonic() - t0, 2)}
 
 

@@ -29,8 +29,9 @@ from ortserve.models.gguf_stream import (
     write_node,
 )
 
-# GGUF architectures this graph writer covers (same tensor names, same graph).
-STREAM_ARCHITECTURES = ("llama",)
+# GGUF architectures this graph writer covers: the Llama graph, plus q/k/v biases (qwen2)
+# and per-head q/k RMS norms (qwen3) where the file has those tensors.
+STREAM_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
 ACCURACY_LEVEL = 4      # int8 activations: MatMulNBits' fast CPU path (see docs/gguf.md)
 
 
@@ -150,22 +151,47 @@ class GraphWriter:
         return self.node("Add", [y, low], f"{name}/gguf_add")[0], nw
 
     def attention(self, i: int, x: str, seqlens: str, total: str, cos: str, sin: str) -> str:
-        p = f"blk.{i}"
+        p, a, s = f"blk.{i}", f"/model/layers.{i}/attn", self.spec
         qkv = tuple(f"{p}.attn_{t}.weight" for t in "qkv")
+        biases = [f"{p}.attn_{t}.bias" for t in "qkv"]
+        has_bias = all(b in self.w.tensors for b in biases)
+        qk_norm = f"{p}.attn_q_norm.weight" in self.w.tensors
         same = len({common_layout(self.w, (n,)) if not is_float(self.w, (n,)) else "f" for n in qkv}) == 1
         if same:
-            fused = self.linear(x, qkv, f"/model/layers.{i}/attn/qkv_proj")[0]
+            fused = self.linear(x, qkv, f"{a}/qkv_proj")[0]
+            if has_bias:
+                b = self.init(f"model.layers.{i}.attn.qkv_proj.bias", np.concatenate([vector(self.w, n) for n in biases]))
+                fused = self.node("Add", [fused, b], f"{a}/qkv_proj/gguf_bias")[0]
             q_k_v = [fused, "", ""]
+            if qk_norm:
+                sizes = self.const(f"model.layers.{i}.attn.qkv_proj.gguf_split",
+                                   np.array([s.heads * s.head_dim] + [s.kv_heads * s.head_dim] * 2, np.int64))
+                q_k_v = self.node("Split", [fused, sizes], f"{a}/qkv_proj/gguf_split", n_out=3, axis=-1)
         else:   # Q4_K q/k beside Q6_K v: three nodes at their own widths, none widened
-            q_k_v = [self.linear(x, (n,), f"/model/layers.{i}/attn/{t}_proj")[0] for n, t in zip(qkv, "qkv")]
-        s = self.spec
+            q_k_v = [self.linear(x, (n,), f"{a}/{t}_proj")[0] for n, t in zip(qkv, "qkv")]
+            if has_bias:
+                q_k_v = [self.node("Add", [y, self.init(f"model.layers.{i}.attn.{t}_proj.bias", vector(self.w, b))],
+                                   f"{a}/{t}_proj/gguf_bias")[0] for y, t, b in zip(q_k_v, "qkv", biases)]
+        if qk_norm:
+            q_k_v[:2] = [self.head_norm(y, f"{p}.attn_{t}_norm.weight", f"{a}/{t}_norm") for y, t in zip(q_k_v, "qk")]
         out = self.node("GroupQueryAttention",
                         [*q_k_v, f"past_key_values.{i}.key", f"past_key_values.{i}.value", seqlens, total, cos, sin],
-                        f"/model/layers.{i}/attn/GroupQueryAttention", n_out=3, num_heads=s.heads,
+                        f"{a}/GroupQueryAttention", n_out=3, num_heads=s.heads,
                         kv_num_heads=s.kv_heads, scale=1.0 / math.sqrt(s.head_dim), local_window_size=-1,
                         softcap=0.0, do_rotary=1, rotary_interleaved=0)
         self.nodes[-1].output[1:] = [f"present.{i}.key", f"present.{i}.value"]
-        return self.linear(out[0], (f"{p}.attn_output.weight",), f"/model/layers.{i}/attn/o_proj")[0]
+        return self.linear(out[0], (f"{p}.attn_output.weight",), f"{a}/o_proj")[0]
+
+    def head_norm(self, x: str, gguf_name: str, name: str) -> str:
+        """RMS norm over each head's vector (qwen3's q_norm/k_norm): [B, S, H*D] -> same."""
+        d = self.spec.head_dim
+        per_head = self.const(f"{name}.gguf_shape".strip("/"), np.array([0, 0, -1, d], np.int64))
+        flat = self.const(f"{name}.gguf_flat".strip("/"), np.array([0, 0, -1], np.int64))
+        h = self.node("Reshape", [x, per_head], f"{name}/Reshape")[0]
+        wname = self.init(name.strip("/").replace("/", ".") + ".weight", vector(self.w, gguf_name))
+        h = self.node("SimplifiedLayerNormalization", [h, wname], f"{name}/LayerNorm", axis=-1,
+                      epsilon=self.spec.eps, stash_type=1)[0]
+        return self.node("Reshape", [h, flat], f"{name}/Reshape_back")[0]
 
     def mlp(self, i: int, x: str) -> str:
         p, m = f"blk.{i}", f"/model/layers.{i}/mlp"

@@ -159,7 +159,9 @@ def _build_exact(store: ModelStore, gguf: Path, model_id: str, tmp: Path, progre
     from ortserve.models import gguf_exact, gguf_fast
 
     weights = gguf_exact.preflight(gguf)
-    if gguf_fast.streamable(weights):   # graph from metadata, blocks streamed: ~the file's size in memory
+    precision, stream = gguf_exact.exact_precision(weights), gguf_fast.streamable(weights)
+    del weights   # the reader maps the file: let it go before the import maps it again
+    if stream:   # graph from metadata, blocks streamed: ~the file's size in memory (docs/gguf.md)
         report = gguf_fast.import_gguf_streamed(gguf, tmp, progress=progress)
         if progress:
             progress("measuring perplexity (fp32 compute = the reference) and speed")
@@ -175,7 +177,7 @@ def _build_exact(store: ModelStore, gguf: Path, model_id: str, tmp: Path, progre
             shutil.rmtree(work, ignore_errors=True)   # before measuring speed: free the fp32 copy
         if progress:
             progress("measuring perplexity and speed")
-    fields = {"precision": gguf_exact.exact_precision(weights), "device": "cpu", **genai_facts(tmp),
+    fields = {"precision": precision, "device": "cpu", **genai_facts(tmp),
               **measure(tmp, "cpu", ref)}
     return {**fields, "notes": {"gguf_exact": report}, "source": f"gguf:{gguf}", "aliases": aliases or [],
             "sampling": for_source(gguf)}
