@@ -150,38 +150,73 @@ def tree_rss(pid: int) -> int:
     return total
 
 
+# runs the command as its child, then prints the child's peak RSS (getrusage: the largest process)
+WRAP = ("import resource, subprocess, sys; rc = subprocess.run(sys.argv[1:]).returncode; "
+        "print('MAXRSS_KB', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); sys.exit(rc)")
+
+
 def run_measured(cmd: list[str], env: dict[str, str] | None = None) -> dict[str, Any]:
-    """Wall time and peak RSS (process + children, sampled every 50 ms) of one command."""
+    """Wall time and peak RSS of one command: getrusage's maxrss of the command (through a
+    wrapper process, so no earlier child counts) and the process tree sampled every 50 ms."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", WRAP, *cmd], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
     peak = 0
     while proc.poll() is None:
         peak = max(peak, tree_rss(proc.pid))
         time.sleep(0.05)
-    out = proc.stdout.read() if proc.stdout else ""
-    return {"seconds": round(time.perf_counter() - t0, 1), "peak_rss_gb": round(peak / 1e9, 3),
-            "rc": proc.returncode, "tail": out.strip().splitlines()[-3:]}
+    lines = (proc.stdout.read() if proc.stdout else "").strip().splitlines()
+    maxrss = next((int(x.split()[1]) * 1024 for x in reversed(lines) if x.startswith("MAXRSS_KB")), 0)
+    return {"seconds": round(time.perf_counter() - t0, 1), "peak_rss_gb": round(maxrss / 1e9, 3),
+            "sampled_tree_rss_gb": round(peak / 1e9, 3), "rc": proc.returncode,
+            "tail": [x for x in lines if not x.startswith("MAXRSS_KB")][-3:]}
 
 
-def llama_bench(bin_dir: Path | None, gguf_file: Path, threads: int) -> dict[str, Any]:
-    exe = bin_dir / "llama-bench" if bin_dir else None
-    if exe is None or not exe.is_file():
+def llama_tools(bin_dir: Path | None, gguf_file: Path, threads: int) -> dict[str, Any]:
+    """llama-bench pp512/tg128 and llama-batched-bench 16 x (40 prompt + 64 generated)."""
+    if bin_dir is None or not (bin_dir / "llama-bench").is_file():
         return {"skipped": "no llama-bench: pass --llama-bin DIR or set LLAMA_CPP_BIN"}
-    out = subprocess.run([str(exe), "-m", str(gguf_file), "-p", "512", "-n", "128", "-t", str(threads),
-                          "-r", "2", "-o", "json"], check=False, capture_output=True, text=True, timeout=1800)
+    out = subprocess.run([str(bin_dir / "llama-bench"), "-m", str(gguf_file), "-p", "512", "-n", "128", "-t",
+                          str(threads), "-r", "2", "-o", "json"], check=False, capture_output=True, text=True)
     if out.returncode != 0:
         return {"error": out.stderr.strip().splitlines()[-1:]}
-    rows = json.loads(out.stdout)
-    return {("pp512" if r["n_prompt"] else "tg128"): round(r["avg_ts"], 2) for r in rows}
+    res: dict[str, Any] = {("pp512" if r["n_prompt"] else "tg128"): round(r["avg_ts"], 2)
+                           for r in json.loads(out.stdout)}
+    out = subprocess.run([str(bin_dir / "llama-batched-bench"), "-m", str(gguf_file), "-c", "2048", "-b", "2048",
+                          "-ub", "512", "-npp", "40", "-ntg", "64", "-npl", "16", "-t", str(threads),
+                          "--output-format", "jsonl"], check=False, capture_output=True, text=True)
+    rows = [json.loads(x) for x in (out.stdout + "\n" + out.stderr).splitlines() if x.startswith("{")]
+    if rows:
+        res["parallel16_total"] = round(rows[0]["speed"], 2)
+        res["parallel16_decode"] = round(rows[0]["speed_tg"], 2)
+    return res
 
 
 def ortserve_speed(model: Path, threads: int) -> dict[str, Any]:
+    """tg128, pp512 and 16 parallel (40 + 64 tokens each) on onnxruntime-genai, in this process."""
     og = RawOg(model, threads)
     rng = np.random.default_rng(0)
     ids = [int(x) for x in rng.integers(1000, 100000, 512)]
     pp = og.single(ids, 2)
     tg = og.single(ids[:16], 128)
-    return {"pp512": round(512 / pp["ttft"], 2), "tg128": round(tg["decode_tps"], 2)}
+    t0 = time.perf_counter()
+    b = og.batch([ids[i * 16:i * 16 + 40] for i in range(16)], 64)
+    total = 16 * (40 + 64) / (time.perf_counter() - t0)
+    return {"pp512": round(512 / pp["ttft"], 2), "tg128": round(tg["decode_tps"], 2),
+            "parallel16_total": round(total, 2), "parallel16_decode": round(b["decode_tps"], 2)}
+
+
+def speed_child(model: Path, threads: int) -> dict[str, Any]:
+    """ortserve_speed in a child process; its peak RSS is the engine's serving RSS."""
+    code = ("import json, sys; sys.path.insert(0, sys.argv[3]); import scale; from pathlib import Path; "
+            "print('RESULT', json.dumps(scale.ortserve_speed(Path(sys.argv[1]), int(sys.argv[2]))))")
+    m = run_measured([sys.executable, "-c", code, str(model), str(threads), str(Path(__file__).parent)])
+    got = next((json.loads(x[7:]) for x in m["tail"] if x.startswith("RESULT ")), {"error": m["tail"]})
+    return {**got, "serve_peak_rss_gb": m["peak_rss_gb"]}
+
+
+def ratios(ours: dict[str, Any], ref: dict[str, Any]) -> dict[str, float]:
+    return {k: round(ours[k] / ref[k], 2) for k in ours if isinstance(ref.get(k), float | int) and ref[k]}
 
 
 def main() -> None:
@@ -193,6 +228,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--no-speed", action="store_true")
     ap.add_argument("--no-full-import", action="store_true", help="time the conversion only")
+    ap.add_argument("--no-convert", action="store_true", help="reuse the converted model in --work")
     args = ap.parse_args()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -202,10 +238,11 @@ def main() -> None:
         size = gguf_file.stat().st_size
         run: dict[str, Any] = {"type": qtype, "gguf_gb": round(size / 1e9, 3)}
         out = work / f"{args.shape}.{qtype}.onnx"
-        shutil.rmtree(out, ignore_errors=True)
         code = ("import sys; from pathlib import Path; from ortserve.models.gguf_fast import import_gguf_streamed;"
-                "print(import_gguf_streamed(Path(sys.argv[1]), Path(sys.argv[2])))")
-        run["convert"] = run_measured([sys.executable, "-c", code, str(gguf_file), str(out)])
+                "print(import_gguf_streamed(Path(sys.argv[1]), Path(sys.argv[2]), smoke=False))")
+        if not args.no_convert or not out.is_dir():
+            shutil.rmtree(out, ignore_errors=True)
+            run["convert"] = run_measured([sys.executable, "-c", code, str(gguf_file), str(out)])
         if not args.no_full_import:
             home = work / "home"
             shutil.rmtree(home, ignore_errors=True)
@@ -218,8 +255,9 @@ def main() -> None:
                 run[k]["rss_vs_file"] = round(run[k]["peak_rss_gb"] * 1e9 / size, 2)
         if not args.no_speed and out.is_dir():
             bin_dir = Path(args.llama_bin) if args.llama_bin else None
-            run["llama_bench"] = llama_bench(bin_dir, gguf_file, args.threads)
-            run["ortserve"] = ortserve_speed(out, args.threads)
+            run["llama_cpp"] = llama_tools(bin_dir, gguf_file, args.threads)
+            run["ortserve"] = speed_child(out, args.threads)
+            run["ortserve_vs_llama_cpp"] = ratios(run["ortserve"], run["llama_cpp"])
         result["runs"].append(run)
     emit(result)
 

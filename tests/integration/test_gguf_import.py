@@ -23,7 +23,9 @@ def test_default_gguf_import_is_exact(tmp_path: Path) -> None:
     v = import_gguf(store, write_tiny_gguf(tmp_path / "t.gguf", uniform("Q4_1")), "tiny", progress=said.append)
     assert (v.variant, v.precision) == ("q4_1-cpu", "q4_1")
     exact = v.notes["gguf_exact"]
-    assert exact["max_weight_error"] < 1e-6 and exact["logit_error"]["fp32_compute"] < 2e-3
+    # the streamed path (graph from metadata); its graph is checked in test_gguf_stream.py
+    assert exact["method"] == "gguf-exact-streamed" and exact["graph_version"] == 3
+    assert exact["max_weight_error"] < 1e-6 and exact["checked_tensors"] == 2 * 7 + 1
     assert abs(v.quality["delta_pct"]) < 1.0 and v.quality["reference_perplexity"] > 1
     assert any("GGUF blocks" in m for m in said)
     assert [x.variant for x in store.find("tiny")] == ["q4_1-cpu"]

@@ -23,7 +23,7 @@ from ortserve.errors import ModelError
 from ortserve.models.gguf_reader import BLOCK_SIZES, FLOAT_TYPES, ExactForm, GGUFWeights, decode, pack_codes
 
 ALIGN = 64                 # byte alignment of every initializer in the data file
-CHUNK_WEIGHTS = 1 << 24    # weights decoded at once (~16M: tens of MB of temporaries)
+CHUNK_WEIGHTS = 1 << 22    # weights decoded at once (~4M: tens of MB of temporaries)
 CHECK_ROWS = 16            # rows of every tensor checked against gguf's dequantization
 WEIGHT_RTOL = 1e-6
 
@@ -115,7 +115,19 @@ def form_chunks(weights: GGUFWeights, name: str, checks: Checks) -> Iterator[Exa
         form = decode(qtype, raw[a:a + step], min(step, rows - a), cols)
         if a == 0:
             checks.compare(weights, name, form.take_rows(np.arange(min(CHECK_ROWS, rows))), min(CHECK_ROWS, rows))
+        release_pages(weights)
         yield form if perm is None else form.take_rows(perm)
+
+
+def release_pages(weights: GGUFWeights) -> None:
+    """Drop the GGUF pages read so far from this process's RSS (MADV_DONTNEED on the read-only
+    file mapping: they stay in the page cache and fault back in if read again), so the
+    import holds one chunk of the file, not all of it."""
+    import mmap
+
+    mm = getattr(getattr(weights.reader, "data", None), "_mmap", None)
+    if mm is not None and hasattr(mmap, "MADV_DONTNEED"):
+        mm.madvise(mmap.MADV_DONTNEED)
 
 
 def common_layout(weights: GGUFWeights, names: tuple[str, ...]) -> tuple[int, int, bool]:

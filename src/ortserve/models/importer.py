@@ -162,7 +162,7 @@ def _build_exact(store: ModelStore, gguf: Path, model_id: str, tmp: Path, progre
     precision, stream = gguf_exact.exact_precision(weights), gguf_fast.streamable(weights)
     del weights   # the reader maps the file: let it go before the import maps it again
     if stream:   # graph from metadata, blocks streamed: ~the file's size in memory (docs/gguf.md)
-        report = gguf_fast.import_gguf_streamed(gguf, tmp, progress=progress)
+        report = gguf_fast.import_gguf_streamed(gguf, tmp, progress=progress, smoke=False)   # measured next
         if progress:
             progress("measuring perplexity (fp32 compute = the reference) and speed")
         ref = known_reference(store, model_id) or gguf_fast.fp32_compute_perplexity(tmp)
