@@ -17,15 +17,24 @@ from ortserve.models.importer import import_gguf
 from ortserve.models.store import ModelStore
 
 
-def test_default_gguf_import_is_exact(tmp_path: Path) -> None:
+@pytest.mark.parametrize("streamed", [False, True], ids=["builder", "streamed"])
+def test_default_gguf_import_is_exact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, streamed: bool) -> None:
+    """A small file goes through the builder's graph; one of STREAM_MIN_BYTES or more (here: any)
+    through the graph written from its metadata, blocks streamed (test_gguf_stream.py checks it)."""
+    from ortserve.models import gguf_fast
+
+    if streamed:
+        monkeypatch.setattr(gguf_fast, "STREAM_MIN_BYTES", 0)
     store = ModelStore(tmp_path / "store")
     said: list[str] = []
     v = import_gguf(store, write_tiny_gguf(tmp_path / "t.gguf", uniform("Q4_1")), "tiny", progress=said.append)
     assert (v.variant, v.precision) == ("q4_1-cpu", "q4_1")
     exact = v.notes["gguf_exact"]
-    # the streamed path (graph from metadata); its graph is checked in test_gguf_stream.py
-    assert exact["method"] == "gguf-exact-streamed" and exact["graph_version"] == 3
-    assert exact["max_weight_error"] < 1e-6 and exact["checked_tensors"] == 2 * 7 + 1
+    if streamed:
+        assert exact["method"] == "gguf-exact-streamed" and exact["graph_version"] == 3
+        assert exact["max_weight_error"] < 1e-6 and exact["checked_tensors"] == 2 * 7 + 1
+    else:
+        assert exact["max_weight_error"] < 1e-6 and exact["logit_error"]["fp32_compute"] < 2e-3
     assert abs(v.quality["delta_pct"]) < 1.0 and v.quality["reference_perplexity"] > 1
     assert any("GGUF blocks" in m for m in said)
     assert [x.variant for x in store.find("tiny")] == ["q4_1-cpu"]
