@@ -115,6 +115,29 @@ def test_greedy_tokens_equal_the_merged_model(lora: SimpleNamespace, tiny_model:
     assert answers(engine, [("my-adapter", p) for p in PROMPTS]) == answers(reference, [("", p) for p in PROMPTS])
 
 
+def test_speculation_with_an_adapter_gives_the_merged_models_tokens(lora: SimpleNamespace, tiny_model: Path) -> None:
+    """A lone adapter row that speculates (its verify step feeds several tokens through the LoRA
+    terms) gives the merged model's tokens computed one at a time. Three boosted tokens make the
+    random model write a pattern that prompt lookup guesses (as in test_speculative_engine.py)."""
+    from ortserve.config import load_settings
+
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True,
+                            logit_bias={"504": 100.0, "3032": 100.0, "282": 100.0})
+    engine = AsyncEngine.load(tiny_model, adapters=lora.adapters)
+    reference = AsyncEngine.load(lora.merged, load_settings(speculative=False))
+
+    async def go(eng: AsyncEngine, adapter: str) -> tuple[str, int]:
+        await eng.start()
+        try:
+            out = await eng.generate(prompt=PROMPTS[0], params=params, adapter=adapter)
+            return out.text, eng.stats().speculative_proposed
+        finally:
+            await eng.stop()
+
+    (text, proposed), (want, _) = asyncio.run(go(engine, "my-adapter")), asyncio.run(go(reference, ""))
+    assert proposed > 0 and text == want
+
+
 def test_a_mixed_batch_gives_each_row_its_own_answer(lora: SimpleNamespace, tiny_model: Path) -> None:
     engine = AsyncEngine.load(tiny_model, adapters=lora.adapters)
     jobs = [(a, p) for p in PROMPTS for a in ("", "my-adapter", "other")]
