@@ -85,15 +85,18 @@ def test_llama3_model_through_anthropic_messages_and_responses(server: ServerThr
 
     claude = anthropic.Anthropic(base_url=server.url, api_key="none", max_retries=0, timeout=120)
     fn = WEATHER["function"]
+    # one call, greedy: a random model's list of parallel calls can outgrow max_tokens (docs/tools.md)
     msg = claude.messages.create(model="tiny-llama3", max_tokens=80, messages=[ASK[1]],  # type: ignore[list-item]
                                  tools=[{"name": fn["name"], "description": fn["description"],
-                                         "input_schema": fn["parameters"]}], tool_choice={"type": "any"})
+                                         "input_schema": fn["parameters"]}], extra_body={"temperature": 0},
+                                 tool_choice={"type": "any", "disable_parallel_tool_use": True})
     uses = [b for b in msg.content if b.type == "tool_use"]
     assert msg.stop_reason == "tool_use" and uses and uses[0].name == "get_weather"
     assert set(uses[0].input) == {"city", "unit"}  # type: ignore[arg-type]
 
     client = OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0, timeout=120)
     r = client.responses.create(model="tiny-llama3", input="Weather in Paris?", max_output_tokens=80,
-                                tools=[{"type": "function", **fn}], tool_choice="required")  # type: ignore[list-item]
+                                tools=[{"type": "function", **fn}], tool_choice="required",  # type: ignore[list-item]
+                                parallel_tool_calls=False, temperature=0)
     calls = [o for o in r.output if o.type == "function_call"]
     assert calls and calls[0].name == "get_weather" and set(json.loads(calls[0].arguments)) == {"city", "unit"}
