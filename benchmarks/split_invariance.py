@@ -11,7 +11,6 @@ compute at accuracy_level 0 (fp32 activations; the copy goes to a temporary dire
 from __future__ import annotations
 
 import argparse
-import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from _common import emit, machine, model_dir
 
 from ortserve.config import load_settings
 from ortserve.engine import LLM
+from ortserve.models.gguf_check import with_accuracy_level
 from ortserve.types import SamplingParams
 
 SYSTEM = "You are a careful assistant for a hardware store. " * 30
@@ -36,21 +36,6 @@ def answers(path: Path) -> dict[str, str]:
     return out
 
 
-def fp32_copy(src: Path, dst: Path) -> Path:
-    import onnx
-
-    for f in src.iterdir():
-        if f.is_file() and f.name != "model.onnx":
-            shutil.copy(f, dst / f.name)
-    model = onnx.load(str(src / "model.onnx"), load_external_data=False)
-    for node in model.graph.node:
-        for a in node.attribute:
-            if node.op_type == "MatMulNBits" and a.name == "accuracy_level":
-                a.i = 0
-    onnx.save_model(model, str(dst / "model.onnx"))
-    return dst
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=None)
@@ -58,7 +43,7 @@ def main() -> None:
     path, model_id = model_dir(args.model)
     result: dict[str, Any] = {"machine": machine(), "model": model_id, "as_stored": answers(path)}
     with tempfile.TemporaryDirectory() as tmp:
-        result["accuracy_level_0"] = answers(fp32_copy(path, Path(tmp)))
+        result["accuracy_level_0"] = answers(with_accuracy_level(path, 0, out_dir=Path(tmp)).parent)
     for k in ("as_stored", "accuracy_level_0"):
         result[k + "_split_invariant"] = len(set(result[k].values())) == 1
     emit(result)

@@ -7,13 +7,13 @@ benchmarks/split_invariance.py does (docs/speculative.md, "Exactness")."""
 from __future__ import annotations
 
 import asyncio
-import shutil
 from pathlib import Path
 
 import pytest
 
 from ortserve.config import load_settings
 from ortserve.engine import AsyncEngine
+from ortserve.models.gguf_check import with_accuracy_level
 from ortserve.types import SamplingParams
 
 PASSAGE = ("The warranty covers defects in materials and workmanship for two years from the date of purchase. "
@@ -26,19 +26,8 @@ PROMPTS = [[{"role": "system", "content": f"Answer by quoting this passage word 
 
 @pytest.fixture(scope="module")
 def level0(default_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    import onnx
-
     dst = tmp_path_factory.mktemp("smollm2-level0")
-    for f in default_model.iterdir():
-        if f.is_file() and f.name != "model.onnx":
-            shutil.copy(f, dst / f.name)
-    model = onnx.load(str(default_model / "model.onnx"), load_external_data=False)
-    for node in model.graph.node:
-        for a in node.attribute:
-            if node.op_type == "MatMulNBits" and a.name == "accuracy_level":
-                a.i = 0
-    onnx.save_model(model, str(dst / "model.onnx"))
-    return dst
+    return with_accuracy_level(default_model, 0, out_dir=dst).parent
 
 
 def test_greedy_tokens_match_with_speculation_on_and_off_and_guesses_are_accepted(level0: Path) -> None:

@@ -5,23 +5,34 @@ graph (at fp32 compute and as shipped) against the fp32 reference build of the s
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 
-def with_accuracy_level(model_dir: Path, level: int, name: str = "model.gguf-check.onnx") -> Path:
-    """A copy of the graph (sharing the weights file) whose MatMulNBits compute at ``level``."""
+def with_accuracy_level(model_dir: Path, level: int, name: str = "model.gguf-check.onnx",
+                        out_dir: Path | None = None) -> Path:
+    """A copy of the graph whose MatMulNBits compute at ``level``: beside the original as ``name``
+    (sharing the weights file), or, with ``out_dir``, a whole model directory there (the graph under
+    its own name, every other file copied) that loads like the original."""
     import onnx
 
     cfg = json.loads((model_dir / "genai_config.json").read_text(encoding="utf-8"))["model"]["decoder"]
-    model = onnx.load(str(model_dir / cfg.get("filename", "model.onnx")), load_external_data=False)
+    filename = cfg.get("filename", "model.onnx")
+    model = onnx.load(str(model_dir / filename), load_external_data=False)
     for node in model.graph.node:
         for a in node.attribute:
             if node.op_type == "MatMulNBits" and a.name == "accuracy_level":
                 a.i = level
-    out = model_dir / name
+    if out_dir is None:
+        out = model_dir / name
+    else:
+        for f in model_dir.iterdir():
+            if f.is_file() and f.name != filename:
+                shutil.copy(f, out_dir / f.name)
+        out = out_dir / filename
     onnx.save_model(model, str(out))
     return out
 
