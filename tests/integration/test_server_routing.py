@@ -91,6 +91,13 @@ def test_routed_fields_are_sent_or_refused_never_dropped(srv: ServerThread, clou
         "model": "auto", "max_tokens": 8, "messages": msgs, "metadata": high, "typical_p": 0.9})
     assert r.status_code == 200 and r.headers["x-ortserve-provider"] == "local", r.text
     assert "cannot take 'typical_p'" in r.headers["x-ortserve-route-reason"]
+    # speculation is the local engine's switch: the same, never silently dropped on a cloud answer
+    r = httpx.post(f"{srv.url}/v1/chat/completions", timeout=60, json={
+        "model": "openrouter", "max_tokens": 8, "messages": msgs, "speculative": False})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "speculative", r.text
+    r = httpx.post(f"{srv.url}/v1/chat/completions", timeout=60, json={
+        "model": "auto", "max_tokens": 8, "messages": msgs, "metadata": high, "speculative": False})
+    assert r.status_code == 200 and r.headers["x-ortserve-provider"] == "local", r.text
     for field, value in (("top_logprobs", 2), ("keep_alive", 0), ("n", 2),
                          ("functions", [{"name": "f", "parameters": {"type": "object"}}])):
         r = httpx.post(f"{srv.url}/v1/chat/completions", timeout=60, json={
