@@ -84,6 +84,26 @@ def test_import_onnx_dir_copied_and_linked(tiny_model: Path, tmp_path: Path) -> 
     assert removed == ["tinylink:fp32-cpu"] and (tiny_model / "model.onnx").is_file()
 
 
+def test_the_tool_format_is_chosen_at_import_shown_and_changed(tiny_model: Path, tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    v = ok_json(cli(home, "import", str(tiny_model), "--id", "tinytools", "--tool-format", "mistral", "--json"))
+    assert v["tool_format"] == "mistral"
+    shown = ok_json(cli(home, "show", "tinytools", "--json"))["variants"][0]
+    assert shown["tool_calls"] == {"tool_format": "mistral", "source": "manifest"}
+    assert ok_json(cli(home, "tool-format", "tinytools", "llama3_json", "--json")) == {
+        "tinytools:fp32-cpu": {"tool_format": "llama3_json", "source": "manifest"}}
+    from ortserve.engine.tokenizer import TextCodec
+
+    assert TextCodec(Path(v["path"])).tool_format.name == "llama3_json"  # what the engine will load
+    detected = ok_json(cli(home, "tool-format", "tinytools", "auto", "--json"))["tinytools:fp32-cpu"]
+    assert detected["source"] != "manifest" and detected["tool_format"] in ("hermes", "llama3_json", "mistral")
+    p = cli(home, "tool-format", "tinytools", "xml")
+    assert p.returncode == 2 and "must be one of hermes" in p.stderr and "'xml'" in p.stderr, p.stderr
+    p = cli(home, "import", str(tiny_model), "--id", "tinylinked", "--link", "--tool-format", "phi4")
+    assert p.returncode == 2 and "drop --link" in p.stderr, p.stderr
+    assert "tinylinked" not in cli(home, "list").stdout  # refused before anything was installed
+
+
 def test_bad_directories_and_files_leave_the_store_unchanged(tiny_model: Path, tmp_path: Path) -> None:
     home = tmp_path / "home"
     no_cfg = tmp_path / "no-config"

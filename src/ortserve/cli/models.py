@@ -117,8 +117,9 @@ def show_cmd(ref: str, device: str | None, as_json: bool) -> None:
     choices = {d: resolve(store, model, d) for d in devices}
     settings = settings_from()
     sampling = {v.id: defaults_for(settings, v.model_dir) for v in variants}
+    tools = {v.id: _tools_of(v) for v in variants}
     if as_json:
-        return _emit({"variants": [{**v.to_json(), **_stale(v), "sampling_defaults": {
+        return _emit({"variants": [{**v.to_json(), **_stale(v), "tool_calls": tools[v.id], "sampling_defaults": {
                           "values": dict(sampling[v.id].values), "sources": dict(sampling[v.id].sources),
                           "model_source": sampling[v.id].model_source}} for v in variants],
                       "selection": {d: {"id": r.model_id, "path": str(r.path), "reason": r.reason}
@@ -137,6 +138,8 @@ def show_cmd(ref: str, device: str | None, as_json: bool) -> None:
         d = sampling[v.id]
         click.echo("  sampling      " + ", ".join(f"{n}={x:g} ({d.sources[n]})" for n, x in d.values.items())
                    + (f"  model's from {d.model_source}" if d.model_source else ""))
+        if tools[v.id]:
+            click.echo(f"  tool calls    {_said(tools[v.id])}")
         if v.aliases:
             click.echo(f"  aliases       {', '.join(v.aliases)}")
         if _stale(v):
@@ -172,12 +175,15 @@ def _show_embedding(variants: list[Any], as_json: bool) -> None:
 @click.option("--link", is_flag=True, help="ONNX dirs: reference the files in place instead of copying.")
 @click.option("--requantize", type=click.Choice(["fp32", "int8", "int4"]), default=None,
               help="GGUF: dequantize and rebuild at this precision instead of keeping the file's blocks.")
+@click.option("--tool-format", default=None, metavar="NAME",
+              help="The tool-call syntax to use instead of the detected one: hermes, llama3_json, mistral, "
+                   "phi4 or gemma (docs/tools.md).")
 @quant_options_decorator
 @json_option
 @handles_errors
 def import_cmd(path: str, model_id: str | None, link: bool, requantize: str | None, precision: str | None,
                device: str, block_size: str | None, algo: str | None, last_matmul: str | None,
-               accuracy_level: int | None, as_json: bool) -> None:
+               accuracy_level: int | None, tool_format: str | None, as_json: bool) -> None:
     """Import a .gguf file, a Hugging Face model dir, or an ONNX GenAI dir.
 
     A GGUF keeps its quantized blocks (exact import) unless --requantize/--precision is given;
@@ -189,11 +195,79 @@ def import_cmd(path: str, model_id: str | None, link: bool, requantize: str | No
 
     if requantize and precision and requantize != precision:
         raise click.UsageError("--requantize and --precision disagree; give one")
+    if tool_format is not None:
+        _format_name(tool_format)  # a bad name fails before the import, not after
+        if link:
+            raise click.UsageError("--tool-format needs the files in the store; drop --link")
     opts = _options(block_size, algo, last_matmul, accuracy_level)
     with Progress(f"importing {Path(path).name}") as progress:
         v = import_path(_store(), Path(path), model_id=model_id, precision=requantize or precision,
                         device=device, options=opts, link=link, progress=progress)
+    if tool_format is not None:
+        v = _set_tool_format(v, tool_format)
     _report_install(v, as_json)
+
+
+@models_group.command("tool-format")
+@click.argument("ref")
+@click.argument("name", required=False)
+@json_option
+@handles_errors
+def tool_format_cmd(ref: str, name: str | None, as_json: bool) -> None:
+    """Show the tool-call syntax a model speaks and where the choice comes from, or set it:
+    NAME is hermes, llama3_json, mistral, phi4 or gemma; "auto" goes back to detecting it
+    (template, then vocabulary, then Hermes; docs/tools.md)."""
+    store = _store()
+    variants = [store.get(ref)] if ":" in ref else [v for v in store.find(ref) if v.kind == "chat"]
+    if not variants:
+        store.get(ref)  # raises the not-installed error with its hint
+    if name is not None:
+        variants = [_set_tool_format(v, name) for v in variants]
+    out = {v.id: _tools_of(v) or {"tool_format": None, "source": "an unreadable tokenizer"} for v in variants}
+    if as_json:
+        return _emit(out)
+    for vid, d in out.items():
+        click.echo(f"{vid}: {_said(d)}")
+    return None
+
+
+def _tools_of(v: Any) -> dict[str, str]:
+    """The tool-call syntax a chat variant speaks and where that comes from ({} when unreadable)."""
+    from ortserve.engine.tokenizer import TextCodec
+    from ortserve.errors import OrtServeError
+
+    try:
+        codec = TextCodec(v.model_dir)
+    except (OrtServeError, OSError, ValueError):
+        return {}
+    return {"tool_format": codec.tool_format.name, "source": codec.tool_format_source}
+
+
+def _said(d: dict[str, Any]) -> str:
+    why = {"manifest": "set by hand; auto goes back to detecting it",
+           "fallback": "the fallback: nothing in its template or vocabulary names a syntax"}
+    return f"{d['tool_format']} ({why.get(d['source'], 'from its ' + str(d['source']))})"
+
+
+def _format_name(name: str) -> str:
+    """``name`` checked: a format's name, or "" for "auto"."""
+    from ortserve.engine.formats import FORMATS
+
+    if name == "auto":
+        return ""
+    if name not in FORMATS:
+        raise click.BadParameter(f"must be one of {', '.join(FORMATS)} or auto, got {name!r}",
+                                 param_hint="tool format")
+    return name
+
+
+def _set_tool_format(v: Any, name: str) -> Any:
+    if v.kind != "chat":
+        raise click.UsageError(f"{v.id} is a {v.kind} model: only chat models call tools")
+    if v.link:
+        raise click.UsageError(f"{v.id} was imported with --link: its manifest is not beside its files; "
+                               "import it without --link to choose its tool format")
+    return _store().update_manifest(v, tool_format=_format_name(name))
 
 
 @models_group.command("import-adapter")

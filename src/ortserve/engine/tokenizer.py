@@ -43,6 +43,7 @@ class TextCodec:
         except InvalidRequest as exc:
             raise ModelError(f"{model_dir / 'ortserve.json'}: {exc.message}") from exc
         self.tool_format = fmt.bind(specials)
+        self.tool_format_source = source
         log.info("%s: tool calls in the %s syntax (from its %s)", model_dir.name, fmt.name, source)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:

@@ -66,6 +66,7 @@ class Variant:
     kind: str = "chat"              # chat (ONNX GenAI) | embedding (engine/embed.py) | adapter (LoRA)
     sampling: dict[str, Any] = field(default_factory=dict)  # the model's own sampling defaults (models/sampling.py)
     base: str = ""                  # kind "adapter" (models/adapters.py): the id of the model it applies to
+    tool_format: str = ""           # the tool-call syntax chosen by hand (engine/formats); "" = detected
 
     @property
     def id(self) -> str:
