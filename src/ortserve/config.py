@@ -100,6 +100,13 @@ class Settings(BaseSettings):
                                           "exact, and a request's `speculative: false` turns it off for itself")
     speculative_k: int = Field(4, ge=1, le=16, validation_alias=_env("ORTSERVE_SPECULATIVE_K"),
                                description="Most tokens a speculating request guesses per step")
+    speculative_lookup: bool = Field(True, validation_alias=_env("ORTSERVE_SPECULATIVE_LOOKUP"),
+                                     description="Prompt lookup guesses first; off, only the draft model "
+                                                 "guesses (docs/speculative.md)")
+    draft_model: str | None = Field(None, validation_alias=_env("ORTSERVE_DRAFT_MODEL"),
+                                    description="A store model (id or directory) of the same vocabulary that "
+                                                "guesses tokens for the served model where prompt lookup has "
+                                                "none (docs/speculative.md)")
     # server
     host: str = Field("127.0.0.1", validation_alias=_env("ORTSERVE_HOST", "HOST"),
                       description="Address the server binds")

@@ -193,7 +193,7 @@ class Metrics:
     output_tokens_per_second: float = 0.0
     queue_time: float = 0.0
     cached_tokens: int = 0  # prompt tokens whose KV was reused from a cached prefix, not computed
-    speculative: dict[str, Any] | None = None  # prompt-lookup guesses: proposed, accepted, steps, acceptance
+    speculative: dict[str, Any] | None = None  # guesses: proposed, accepted, steps, acceptance (+ lookup/draft)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -255,3 +255,5 @@ class EngineStats:
     prefix_cache_evictions: int = 0   # cached prefixes dropped to make room
     speculative_proposed: int = 0     # prompt-lookup guesses verified (engine/speculate.py)
     speculative_accepted: int = 0     # guesses the model agreed with: tokens for free
+    speculative_draft_proposed: int = 0  # of the guesses above, the draft model's (engine/draft.py)
+    speculative_draft_accepted: int = 0

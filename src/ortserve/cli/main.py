@@ -42,6 +42,8 @@ def cli() -> None:
               help="Seconds an idle on-demand model stays loaded (0 = unload after each request, -1 = never)")
 @click.option("--memory-budget-mb", type=int, default=None, help="Memory for all loaded models (0 = 80% of RAM)")
 @click.option("--load-wait", type=float, default=None, help="Seconds a request waits for a model load before 503")
+@click.option("--draft-model", default=None,
+              help="A store model of the same vocabulary that guesses tokens for the served one (speculation)")
 @click.option("--router-config", default=None, help="Routing config file (JSON/TOML)")
 @click.option("--telemetry/--no-telemetry", default=None, help="Write OpenTelemetry files")
 @click.option("--telemetry-dir", default=None, help="Directory for telemetry files (implies --telemetry)")
@@ -60,6 +62,12 @@ def serve(**kwargs: Any) -> None:
     from ortserve.server.run import serve as run
 
     model_dir, model_id = resolve_model_dir(settings.model, settings, progress_printer())
+    if settings.draft_model:  # a wrong id or another vocabulary: say so now, not in /healthz
+        from ortserve.engine.draft import check_vocabulary
+        from ortserve.server.engine_loader import draft_of
+
+        draft_dir, draft_id = draft_of(settings)  # type: ignore[misc]
+        check_vocabulary(model_dir, model_id, draft_dir, draft_id)
     click.echo(f"ortserve {__version__}: serving {model_id} from {model_dir} on "
                f"http://{settings.host}:{settings.port}", err=True)
     run(settings, model_dir, model_id)

@@ -13,6 +13,7 @@ from typing import Any
 
 from ortserve.engine.core import EngineCore
 from ortserve.engine.detokenize import IncrementalDetokenizer
+from ortserve.engine.draft import DraftModel
 from ortserve.engine.formats import Tool
 from ortserve.engine.guidance import Guidance, Guide, constraint_of
 from ortserve.engine.lora import Adapter, AdapterView
@@ -38,7 +39,8 @@ class LoadedModel:
     """A model directory loaded for serving: spec, tokenizer, runner and the device it runs on."""
 
     def __init__(self, model_dir: Path, settings: Any = None, model_id: str | None = None,
-                 adapters: list[Adapter] | None = None) -> None:
+                 adapters: list[Adapter] | None = None, draft: tuple[Path, str] | None = None) -> None:
+        """``draft``: (directory, id) of a draft model of the same vocabulary (engine/draft.py)."""
         require_genai()  # the builder's models and their genai_config come from onnxruntime-genai
         model_dir = Path(model_dir)
         if not model_dir.is_dir():
@@ -53,6 +55,8 @@ class LoadedModel:
         self.context_length = min(self.spec.context_length, max_length or self.spec.context_length)
         slots = int(getattr(settings, "max_batch", 16))
         self.runner, self.choice = self._load(settings, slots)
+        self.draft_source = draft
+        self.draft = self.load_draft(settings)
         self.guidance = Guidance(model_dir / "tokenizer.json", self.spec.vocab_size, self.spec.eos_token_ids)
 
     def _load(self, settings: Any, slots: int) -> tuple[Runner, DeviceChoice]:
@@ -81,8 +85,35 @@ class LoadedModel:
             return runner, choice
         raise ModelError(f"could not load {self.dir} on any device: {'; '.join(errors)}")
 
+    def load_draft(self, settings: Any) -> DraftModel | None:
+        """The draft model on the target's device, after its vocabulary is checked against the target's."""
+        if self.draft_source is None:
+            return None
+        draft_dir, draft_id = self.draft_source
+        if not Path(draft_dir).is_dir():
+            raise ModelError(f"draft model directory {draft_dir} does not exist")
+        so = session_options(settings, ModelSpec.read(Path(draft_dir)).session_options)
+        return DraftModel.load(Path(draft_dir), draft_id, self.dir, self.id, providers=[self.choice.provider],
+                               session_options=so, settings=settings)
+
+    @property
+    def draft_kv_bytes(self) -> int:
+        """The most KV the draft's one row takes: it comes out of the KV budget (``kv_budget_bytes``)."""
+        return self.draft.max_bytes(self.context_length) if self.draft is not None else 0
+
 
 def kv_budget_bytes(model: LoadedModel, settings: Any = None) -> int:
+    """The target's KV cache budget: the whole budget less the draft model's one row, if any, so
+    the two together stay within it."""
+    whole = kv_whole_budget(model, settings)
+    if model.draft is not None and model.draft_kv_bytes >= whole // 2:
+        raise ModelError(f"the draft model {model.draft.id} would take {model.draft_kv_bytes >> 20} MB of the "
+                         f"{whole >> 20} MB KV budget (one row of {model.context_length} tokens)",
+                         hint="raise kv_cache_mb, or lower max_length")
+    return whole - model.draft_kv_bytes
+
+
+def kv_whole_budget(model: LoadedModel, settings: Any = None) -> int:
     """The KV cache budget: ``kv_cache_mb`` when set, else half the memory still free after the
     model is loaded, minus the model's size again for activations (at least 256 MB), and never more
     than every slot filled to the context. The memory is the GPU's when the cache lives there."""
@@ -116,25 +147,29 @@ class AsyncEngine:
         self.watchdog = Watchdog(self, stall_timeout=float(getattr(settings, "stall_timeout", 120.0)))
 
     def _new_core(self, runner: Runner) -> EngineCore:
-        return EngineCore(runner, chunk_tokens=int(getattr(self.settings, "prefill_chunk", 512)),
+        core = EngineCore(runner, chunk_tokens=int(getattr(self.settings, "prefill_chunk", 512)),
                           prefill_ratio=float(getattr(self.settings, "prefill_ratio", 0.0)),
                           kv_budget_bytes=self.kv_budget, guidance=self.model.guidance,
                           prefix_cache=bool(getattr(self.settings, "prefix_cache", True)),
                           speculative=bool(getattr(self.settings, "speculative", True)),
                           speculative_k=int(getattr(self.settings, "speculative_k", 4)))
+        core.draft_model = self.model.draft  # guesses where prompt lookup has none (engine/draft.py)
+        core.lookup = bool(getattr(self.settings, "speculative_lookup", True))
+        return core
 
     def reload(self) -> None:
         """A fresh model session and engine loop (the watchdog's restart; blocking)."""
         runner, choice = self.model._load(self.settings, self.model.runner.slots)
         self.model.runner, self.model.choice = runner, choice
+        self.model.draft = self.model.load_draft(self.settings)  # the old loop may still be inside it
         core = self._new_core(runner)
         core.start()
         self.core = core
 
     @classmethod
     def load(cls, model_dir: Path, settings: Any = None, model_id: str | None = None,
-             adapters: list[Adapter] | None = None) -> AsyncEngine:
-        return cls(LoadedModel(model_dir, settings, model_id, adapters), settings)
+             adapters: list[Adapter] | None = None, draft: tuple[Path, str] | None = None) -> AsyncEngine:
+        return cls(LoadedModel(model_dir, settings, model_id, adapters, draft), settings)
 
     # ---- LoRA adapters (engine/lora.py) -------------------------------------
     @property
@@ -187,7 +222,9 @@ class AsyncEngine:
         return len(self.codec.encode(text))
 
     def stats(self) -> EngineStats:
-        return self.core.stats()
+        core = self.core
+        return replace(core.stats(), speculative_draft_proposed=core.spec_draft_proposed,
+                       speculative_draft_accepted=core.spec_draft_accepted)
 
     # ---- lifecycle --------------------------------------------------------
     async def start(self) -> None:

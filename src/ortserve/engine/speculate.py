@@ -24,9 +24,12 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from ortserve.engine.draft import DraftModel
 
 log = logging.getLogger("ortserve.engine")
 
@@ -74,18 +77,29 @@ class Drafter:
     def __post_init__(self) -> None:
         self.k = min(self.k, self.k_max)
 
-    def propose(self, context: list[int] | np.ndarray, limit: int) -> list[int]:
-        """Guesses for the tokens after ``context`` (its last token is the pending one), at most ``limit``."""
+    model: Drafter | None = None  # the draft model's adaptive k and counts, once it guessed (engine/draft.py)
+
+    def take(self, limit: int) -> int:
+        """How many guesses to make now (0 while resting after misses), at most ``limit``."""
         if self.rest > 0:
             self.rest -= 1
-            return []
-        return lookup(np.asarray(context, dtype=np.int64), min(self.k, limit), min_ngram=self.min_ngram)
+            return 0
+        return min(self.k, limit)
+
+    def propose(self, context: list[int] | np.ndarray, limit: int) -> list[int]:
+        """Guesses for the tokens after ``context`` (its last token is the pending one), at most ``limit``."""
+        k = self.take(limit)
+        return lookup(np.asarray(context, dtype=np.int64), k, min_ngram=self.min_ngram) if k else []
 
     def record(self, proposed: int, accepted: int) -> None:
         """Learn from one verify step: ``accepted`` of ``proposed`` guesses were right."""
         self.steps += 1
         self.proposed += proposed
         self.accepted += accepted
+        self.adapt(proposed, accepted)
+
+    def adapt(self, proposed: int, accepted: int) -> None:
+        """Adaptive k: longer while all guesses hold, shorter on a miss, a rest when none held."""
         if accepted == proposed:
             self.k = min(self.k_max, self.k + 1)
             self.misses = 0
@@ -95,10 +109,18 @@ class Drafter:
         if self.misses:  # nothing held: back off, longer each time it keeps failing
             self.rest = min(64, 4 << min(self.misses - 1, 4))
 
-    def stats(self) -> dict[str, int | float]:
-        rate = self.accepted / self.proposed if self.proposed else 0.0
-        return {"proposed": self.proposed, "accepted": self.accepted, "steps": self.steps,
-                "acceptance": round(rate, 4)}
+    def stats(self) -> dict[str, Any]:
+        """Both kinds of guesses together; with a draft model also ``lookup`` and ``draft`` apart."""
+        m = self.model
+        proposed = self.proposed + (m.proposed if m else 0)
+        accepted = self.accepted + (m.accepted if m else 0)
+        out: dict[str, Any] = {"proposed": proposed, "accepted": accepted,
+                               "steps": self.steps + (m.steps if m else 0),
+                               "acceptance": round(accepted / proposed if proposed else 0.0, 4)}
+        if m is not None:
+            out["lookup"] = Drafter(proposed=self.proposed, accepted=self.accepted, steps=self.steps).stats()
+            out["draft"] = m.stats()
+        return out
 
 
 class Speculation:
@@ -112,8 +134,12 @@ class Speculation:
 
     speculative: bool = False
     speculative_k: int = 4
-    spec_proposed = 0   # guesses verified, all requests
+    spec_proposed = 0   # guesses verified, all requests (both kinds)
     spec_accepted = 0   # guesses the model agreed with
+    lookup: bool = True       # prompt lookup guesses (off: only the draft model does)
+    draft_model: DraftModel | None = None  # engine/draft.py: guesses when prompt lookup has none
+    spec_draft_proposed = 0   # of which the draft model's
+    spec_draft_accepted = 0
 
     def _speculate(self, batch: list[Any]) -> bool:
         """Run this step as a verify step of ``batch``'s one sequence; False when it does not guess."""
@@ -129,11 +155,16 @@ class Speculation:
         # the KV a verify step writes stays inside the context and the byte budget
         room = min(runner.spec.context_length, runner.byte_limit // (runner.rows * runner.bytes_per_token))
         limit = min(room - held - 1, seq.params.max_tokens - len(seq.output_ids) - 1)
-        guesses = seq.draft.propose(seq.prompt_ids + seq.output_ids, limit) if limit > 0 else []
+        t0 = time.perf_counter()
+        context = seq.prompt_ids + seq.output_ids
+        guesses = seq.draft.propose(context, limit) if limit > 0 and self.lookup else []
+        drafter = seq.draft
+        if not guesses and self.draft_model is not None and limit > 0:  # no match: the draft model guesses
+            drafter = seq.draft.model = seq.draft.model or Drafter(k_max=self.speculative_k, k=self.speculative_k)
+            guesses = self._draft_guesses(seq, context, drafter.take(limit))
         if not guesses:
             return False
         masks = self._start_masks(batch)
-        t0 = time.perf_counter()
         try:
             self.check_fault(seq.id, "step")
             rows = runner.verify([[seq.pending] + guesses])[0]
@@ -144,23 +175,43 @@ class Speculation:
             return True
         self._wait_masks(masks)
         accepted = produced = 0
+        drafter.steps += 1  # counted as they happen: the request's last step is in its final metrics
+        drafter.proposed += len(guesses)
         for j, logits in enumerate(rows):
             try:
                 self.check_fault(seq.id, "postprocess")
                 token = self.select(seq, logits, self._masks[0] if masks is not None and j == 0 else None)
+                hit = j < len(guesses) and token == guesses[j]  # its KV, written by this step, is kept
+                accepted += hit
+                drafter.accepted += hit  # before _advance: a request's last token may finish it
                 self._advance(seq, token)
             except Exception as exc:
                 log.exception("request %s failed in postprocess", seq.id)
                 self._fail(seq, exc)
                 break
             produced += 1
-            if seq.finished or j == len(guesses) or token != guesses[j]:
+            if seq.finished or not hit:
                 break
-            accepted += 1  # the guess was the token: its KV, written by this step, is kept
         runner.keep(seq.row, held + 1 + accepted)  # the pending token and the accepted guesses
-        seq.draft.record(len(guesses), accepted)
+        drafter.adapt(len(guesses), accepted)
         self.spec_proposed += len(guesses)
         self.spec_accepted += accepted
+        if drafter is not seq.draft:
+            self.spec_draft_proposed += len(guesses)
+            self.spec_draft_accepted += accepted
         now = time.perf_counter()
         self._account_decode(now, now - t0, produced)
         return True
+
+    def _draft_guesses(self, seq: Any, context: list[int], k: int) -> list[int]:
+        """The draft model's k greedy guesses; none when it fails (the step decodes as usual)."""
+        if k <= 0 or self.draft_model is None:
+            return []
+        try:
+            self.check_fault(seq.id, "draft")
+            return self.draft_model.propose(context, k, self.runner.spec.vocab_size)
+        except Exception as exc:  # noqa: BLE001 - a failing draft costs its guesses, not the request
+            log.warning("draft model %s failed (%s: %s); decoding without it this step", self.draft_model.id,
+                        type(exc).__name__, exc)
+            self.draft_model.forget()
+            return []

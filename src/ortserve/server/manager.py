@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import math
 import os
 import time
 from collections.abc import Callable
@@ -25,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from ortserve.errors import InvalidRequest, NotFound, OrtServeError, Unavailable
-from ortserve.server.adapters import adapter_engine, adapters_for_dir, find_adapter
+from ortserve.server.adapters import adapter_engine, find_adapter
+from ortserve.server.engine_loader import load_chat_engine
 from ortserve.server.memory import (
     MB,
     Estimator,
@@ -70,15 +70,8 @@ class ModelManager:
         self.kinds[kind] = (loader, estimate)
 
     def _load_engine(self, model_dir: Path, model_id: str, capped: bool = True) -> Any:
-        """An engine; on-demand ones (capped) get a KV cache cap equal to their planned share,
-        so the budget holds. The pinned start model keeps the engine's own KV budget."""
-        from ortserve.engine import AsyncEngine
-
-        settings = self.settings
-        if capped and not int(getattr(settings, "kv_cache_mb", 0) or 0) and hasattr(settings, "model_copy"):
-            cap_mb = max(1, math.ceil(kv_cap_bytes(settings, model_dir) / MB))
-            settings = settings.model_copy(update={"kv_cache_mb": cap_mb})
-        return AsyncEngine.load(model_dir, settings, model_id, adapters_for_dir(self.settings, model_dir))
+        """An engine (server/engine_loader.py): capped on demand, the pinned one with its draft model."""
+        return load_chat_engine(self.settings, model_dir, model_id, capped=capped)
 
     @property
     def keep_alive_default(self) -> float:

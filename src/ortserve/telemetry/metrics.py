@@ -75,9 +75,13 @@ class EngineCollector:
         ("ortserve_prefix_cache_bytes", "gauge", "prefix_cache_bytes", "KV bytes the prefix cache holds"),
         ("ortserve_prefix_cache_entries", "gauge", "prefix_cache_entries", "Prefixes the prefix cache holds"),
         ("ortserve_speculative_proposed_tokens", "counter", "speculative_proposed",
-         "Prompt-lookup guesses verified (docs/speculative.md)"),
+         "Speculative guesses verified, prompt lookup and draft model (docs/speculative.md)"),
         ("ortserve_speculative_accepted_tokens", "counter", "speculative_accepted",
-         "Prompt-lookup guesses the model agreed with (tokens decoded for free)"),
+         "Speculative guesses the model agreed with (tokens decoded for free)"),
+        ("ortserve_speculative_draft_proposed_tokens", "counter", "speculative_draft_proposed",
+         "Draft-model guesses verified (docs/speculative.md; counted in the proposed total too)"),
+        ("ortserve_speculative_draft_accepted_tokens", "counter", "speculative_draft_accepted",
+         "Draft-model guesses the model agreed with (counted in the accepted total too)"),
     )
 
     def __init__(self, stats: Callable[[], Any]) -> None:
