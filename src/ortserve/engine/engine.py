@@ -106,9 +106,9 @@ def kv_budget_bytes(model: LoadedModel, settings: Any = None) -> int:
     """The target's KV cache budget: the whole budget less the draft model's one row, if any, so
     the two together stay within it."""
     whole = kv_whole_budget(model, settings)
-    if model.draft is not None and model.draft_kv_bytes >= whole // 2:
-        raise ModelError(f"the draft model {model.draft.id} would take {model.draft_kv_bytes >> 20} MB of the "
-                         f"{whole >> 20} MB KV budget (one row of {model.context_length} tokens)",
+    if model.draft is not None and model.draft_kv_bytes >= whole:
+        raise ModelError(f"the draft model {model.draft.id} would take {model.draft_kv_bytes / 2**20:.1f} MB, "
+                         f"all of the {whole / 2**20:.1f} MB KV budget (one row of {model.context_length} tokens)",
                          hint="raise kv_cache_mb, or lower max_length")
     return whole - model.draft_kv_bytes
 
@@ -130,7 +130,7 @@ def kv_whole_budget(model: LoadedModel, settings: Any = None) -> int:
     if gpus:  # the session's device is the first GPU unless CUDA_VISIBLE_DEVICES says otherwise
         free = gpus[0]["memory_free_mb"] << 20
     runner = model.runner
-    full = runner.slots * model.context_length * runner.bytes_per_token
+    full = runner.slots * model.context_length * runner.bytes_per_token + model.draft_kv_bytes
     return int(min(full, max(256 << 20, (free - model_bytes) // 2)))
 
 
