@@ -58,3 +58,18 @@ def test_a_match_too_near_the_end_gives_way_to_one_followed_by_k_tokens() -> Non
     assert lookup(ctx, 4) == [7, 1, 2, 3]          # the latest [1 2 3] (6..8) has 4 after it
     assert lookup(ctx, 5) == [9, 8, 1, 2, 3]       # it has only 4: the match at 1 has 5
     assert lookup(np.array([4, 6] * 5), 3) == [4, 6, 4]   # a run: not the latest [6 4 6], 2 short
+
+
+def test_with_a_draft_model_the_stats_add_both_kinds_and_show_each() -> None:
+    d = Drafter(k_max=4, k=4)
+    d.record(4, 2)
+    d.model = Drafter(k_max=4, k=4)
+    assert d.model.take(3) == 3
+    d.model.record(3, 3)
+    d.model.record(4, 0)  # nothing held: the draft rests too, and proposes nothing meanwhile
+    assert d.model.rest == 4 and d.model.take(4) == 0
+    s = d.stats()
+    assert (s["proposed"], s["accepted"], s["steps"], s["acceptance"]) == (11, 5, 3, round(5 / 11, 4))
+    assert s["lookup"] == {"proposed": 4, "accepted": 2, "steps": 1, "acceptance": 0.5}
+    assert s["draft"] == {"proposed": 7, "accepted": 3, "steps": 2, "acceptance": round(3 / 7, 4)}
+    assert "draft" not in Drafter().stats()  # prompt lookup alone: the stats as before

@@ -93,6 +93,8 @@ class LoadedModel:
         if not Path(draft_dir).is_dir():
             raise ModelError(f"draft model directory {draft_dir} does not exist")
         so = session_options(settings, ModelSpec.read(Path(draft_dir)).session_options)
+        # its threads must not spin on the cores while the target's step runs right after it
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         return DraftModel.load(Path(draft_dir), draft_id, self.dir, self.id, providers=[self.choice.provider],
                                session_options=so, settings=settings)
 
