@@ -45,3 +45,22 @@ def test_greedy_tokens_match_with_speculation_on_and_off_and_guesses_are_accepte
             assert spec["accepted"] > 0, spec
     finally:
         eng.core.stop()
+
+
+def test_the_default_model_as_its_own_draft_gives_the_same_tokens_and_is_always_accepted(level0: Path) -> None:
+    """Draft-model speculation (engine/draft.py) with the target as its draft: at accuracy_level 0 the
+    draft's one-row steps and the verify step agree exactly, so every guess holds."""
+    eng = AsyncEngine.load(level0, load_settings(max_batch=2, prefix_cache=False, speculative_lookup=False),
+                           draft=(level0, "smollm2-level0"))
+    eng.core.start()
+    try:
+        messages = [{"role": "user", "content": "Write a short story about a lighthouse keeper."}]
+        params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+        on = asyncio.run(eng.generate(messages=messages, params=params))
+        eng.core.speculative = False
+        off = asyncio.run(eng.generate(messages=messages, params=params))
+        assert on.text == off.text
+        draft = on.metrics.speculative["draft"]
+        assert draft["proposed"] >= 16 and draft["acceptance"] == 1.0, draft
+    finally:
+        eng.core.stop()
