@@ -98,8 +98,9 @@ class Settings(BaseSettings):
                               description="Prompt-lookup speculation: guess the next tokens from the prompt and "
                                           "output so far and verify them in one step (docs/speculative.md); "
                                           "exact, and a request's `speculative: false` turns it off for itself")
-    speculative_k: int = Field(4, ge=1, le=16, validation_alias=_env("ORTSERVE_SPECULATIVE_K"),
-                               description="Most tokens a speculating request guesses per step")
+    speculative_k: int = Field(8, ge=1, le=16, validation_alias=_env("ORTSERVE_SPECULATIVE_K"),
+                               description="Most tokens a speculating request guesses per step (the first "
+                                           "guess takes 4; k grows while guesses hold)")
     speculative_lookup: bool = Field(True, validation_alias=_env("ORTSERVE_SPECULATIVE_LOOKUP"),
                                      description="Prompt lookup guesses first; off, only the draft model "
                                                  "guesses (docs/speculative.md)")

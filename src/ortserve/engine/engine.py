@@ -154,7 +154,7 @@ class AsyncEngine:
                           kv_budget_bytes=self.kv_budget, guidance=self.model.guidance,
                           prefix_cache=bool(getattr(self.settings, "prefix_cache", True)),
                           speculative=bool(getattr(self.settings, "speculative", True)),
-                          speculative_k=int(getattr(self.settings, "speculative_k", 4)))
+                          speculative_k=int(getattr(self.settings, "speculative_k", 8)))
         core.draft_model = self.model.draft  # guesses where prompt lookup has none (engine/draft.py)
         core.lookup = bool(getattr(self.settings, "speculative_lookup", True))
         return core

@@ -35,6 +35,7 @@ log = logging.getLogger("ortserve.engine")
 
 MAX_NGRAM = 3
 MIN_NGRAM = 1
+START_K = 4  # a sequence's first guess: k grows from here to speculative_k while its guesses hold
 
 
 def lookup(context: np.ndarray, k: int, max_ngram: int = MAX_NGRAM, min_ngram: int = MIN_NGRAM) -> list[int]:
@@ -149,7 +150,7 @@ class Speculation:
         if seq.finished or not seq.params.speculative:
             return False
         if seq.draft is None:
-            seq.draft = Drafter(k_max=self.speculative_k, k=self.speculative_k)
+            seq.draft = Drafter(k_max=self.speculative_k, k=START_K)
         runner = self.runner
         held = int(runner.lengths[seq.row])
         # the KV a verify step writes stays inside the context and the byte budget
@@ -160,7 +161,7 @@ class Speculation:
         guesses = seq.draft.propose(context, limit) if limit > 0 and self.lookup else []
         drafter = seq.draft
         if not guesses and self.draft_model is not None and limit > 0:  # no match: the draft model guesses
-            drafter = seq.draft.model = seq.draft.model or Drafter(k_max=self.speculative_k, k=self.speculative_k)
+            drafter = seq.draft.model = seq.draft.model or Drafter(k_max=self.speculative_k, k=START_K)
             guesses = self._draft_guesses(seq, context, drafter.take(limit))
         if not guesses:
             return False
