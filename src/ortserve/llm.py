@@ -30,5 +30,7 @@ class LLM(EngineLLM):
 
                 settings = load_settings()           # a store id needs the store's location
             model_dir, model_id = resolve_model_dir(str(model), settings)
-            model = LoadedModel(model_dir, settings, model_id)
+            from ortserve.server.engine_loader import draft_of
+
+            model = LoadedModel(model_dir, settings, model_id, draft=draft_of(settings))  # ORTSERVE_DRAFT_MODEL
         super().__init__(model, settings)

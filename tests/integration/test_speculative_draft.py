@@ -157,3 +157,7 @@ def test_a_bad_draft_model_is_a_clear_error_at_serve(tiny_model: Path, tmp_path:
     res = CliRunner().invoke(cli, ["serve", "--model", str(tiny_model), "--draft-model", "no-such-draft",
                                    "--port", "0"], env=env)
     assert res.exit_code == 1 and "draft model 'no-such-draft'" in res.output, res.output
+    # the in-process commands read the setting too (ortserve ask / chat, the Python LLM)
+    res = CliRunner().invoke(cli, ["ask", "--model", str(tiny_model), "hello"],
+                             env={**env, "ORTSERVE_DRAFT_MODEL": "no-such-draft"})
+    assert res.exit_code == 1 and "draft model 'no-such-draft'" in res.output, res.output

@@ -88,6 +88,7 @@ def echo_json(data: Any) -> None:
 def load_model(settings: Settings) -> Any:
     from ortserve.engine import LoadedModel
     from ortserve.models.locate import resolve_model_dir
+    from ortserve.server.engine_loader import draft_of
 
     model_dir, model_id = resolve_model_dir(settings.model, settings, progress_printer())
-    return LoadedModel(model_dir, settings, model_id)
+    return LoadedModel(model_dir, settings, model_id, draft=draft_of(settings))  # ORTSERVE_DRAFT_MODEL

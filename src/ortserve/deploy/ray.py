@@ -47,11 +47,13 @@ class OrtServeReplica:
         from ortserve.engine import AsyncEngine
         from ortserve.models.locate import resolve_model_dir
         from ortserve.server.app import create_app
+        from ortserve.server.engine_loader import draft_of
 
         t0 = time.monotonic()
         self.ortserve_settings = load_settings(**settings)
         model_dir, model_id = resolve_model_dir(model or self.ortserve_settings.model, self.ortserve_settings)
-        self.ortserve_engine = AsyncEngine.load(model_dir, self.ortserve_settings, model_id)
+        self.ortserve_engine = AsyncEngine.load(model_dir, self.ortserve_settings, model_id,
+                                                draft=draft_of(self.ortserve_settings))
         try:
             self.ortserve_replica = serve.get_replica_context().replica_id.unique_id
         except Exception:  # noqa: BLE001 - outside a replica (tests of the class itself)
