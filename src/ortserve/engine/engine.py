@@ -95,13 +95,15 @@ class LoadedModel:
         so = session_options(settings, ModelSpec.read(Path(draft_dir)).session_options)
         # its threads must not spin on the cores while the target's step runs right after it
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        return DraftModel.load(Path(draft_dir), draft_id, self.dir, self.id, providers=[self.choice.provider],
-                               session_options=so, settings=settings)
+        draft = DraftModel.load(Path(draft_dir), draft_id, self.dir, self.id, providers=[self.choice.provider],
+                                session_options=so, settings=settings)
+        draft.runner.byte_limit = draft.max_bytes(self.context_length + 1)  # no further than the budget counts
+        return draft
 
     @property
     def draft_kv_bytes(self) -> int:
         """The most KV the draft's one row takes: it comes out of the KV budget (``kv_budget_bytes``)."""
-        return self.draft.max_bytes(self.context_length) if self.draft is not None else 0
+        return self.draft.max_bytes(self.context_length + 1) if self.draft is not None else 0
 
 
 def kv_budget_bytes(model: LoadedModel, settings: Any = None) -> int:
