@@ -161,3 +161,14 @@ def test_a_bad_draft_model_is_a_clear_error_at_serve(tiny_model: Path, tmp_path:
     res = CliRunner().invoke(cli, ["ask", "--model", str(tiny_model), "hello"],
                              env={**env, "ORTSERVE_DRAFT_MODEL": "no-such-draft"})
     assert res.exit_code == 1 and "draft model 'no-such-draft'" in res.output, res.output
+
+
+def test_the_drafts_row_comes_out_of_the_kv_budget(tiny_model: Path, draft_model: Path) -> None:
+    eng = AsyncEngine.load(tiny_model, load_settings(max_batch=2, kv_cache_mb=8), draft=(draft_model, "d"))
+    row = eng.model.draft_kv_bytes
+    draft = eng.model.draft.runner
+    assert row == min(eng.context_length + 1, draft.spec.context_length) * draft.bytes_per_token
+    assert eng.kv_budget == (8 << 20) - row and draft.byte_limit == row
+    assert eng.model.runner.bytes_per_token * 2048 >= 1 << 20  # so one row of the tiny model fills 1 MB
+    with pytest.raises(ModelError, match=r"draft model itself would take 1\.0 MB, all of the 1\.0 MB KV budget"):
+        AsyncEngine.load(tiny_model, load_settings(max_batch=2, kv_cache_mb=1), draft=(tiny_model, "itself"))

@@ -9,6 +9,7 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from ortserve.engine.core import EngineCore
@@ -92,9 +93,10 @@ class LoadedModel:
         draft_dir, draft_id = self.draft_source
         if not Path(draft_dir).is_dir():
             raise ModelError(f"draft model directory {draft_dir} does not exist")
-        so = session_options(settings, ModelSpec.read(Path(draft_dir)).session_options)
         # its threads must not spin on the cores while the target's step runs right after it
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        quiet = settings.model_copy(update={"thread_spinning": False}) if hasattr(settings, "model_copy") \
+            else SimpleNamespace(**{**vars(settings or SimpleNamespace()), "thread_spinning": False})
+        so = session_options(quiet, ModelSpec.read(Path(draft_dir)).session_options)
         draft = DraftModel.load(Path(draft_dir), draft_id, self.dir, self.id, providers=[self.choice.provider],
                                 session_options=so, settings=settings)
         draft.runner.byte_limit = draft.max_bytes(self.context_length + 1)  # no further than the budget counts
