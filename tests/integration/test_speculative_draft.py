@@ -146,6 +146,9 @@ def test_the_server_reports_draft_guesses_per_request_and_in_metrics(tiny_model:
         assert value["ortserve_speculative_draft_accepted_tokens_total"] >= spec["draft"]["accepted"]
         assert value["ortserve_speculative_accepted_tokens_total"] >= value[
             "ortserve_speculative_draft_accepted_tokens_total"]
+        ui = httpx.get(f"{srv.url}/ui/stats").json()["speculative"]["draft"]
+        assert ui["model"] == tiny_model.name and ui["accepted"] == value[
+            "ortserve_speculative_draft_accepted_tokens_total"]
 
 
 def test_a_bad_draft_model_is_a_clear_error_at_serve(tiny_model: Path, tmp_path: Path) -> None:

@@ -85,6 +85,11 @@ async def stats(request: Request) -> JSONResponse:
         proposed, accepted = int(s.speculative_proposed), int(s.speculative_accepted)
         body["speculative"] = {"proposed": proposed, "accepted": accepted,
                                "acceptance": round(accepted / proposed, 4) if proposed else None}
+        draft = getattr(getattr(st.engine, "model", None), "draft", None)
+        if draft is not None:  # of which a draft model's (docs/speculative.md)
+            body["speculative"]["draft"] = {"model": draft.id,
+                                            "proposed": int(s.speculative_draft_proposed),
+                                            "accepted": int(s.speculative_draft_accepted)}
     if st.manager is not None:  # every loaded model, the pinned one included
         rows = st.manager.ps()
         body["models"] = rows
