@@ -40,6 +40,7 @@ class SamplingParams:
     typical_p: float = 1.0           # locally typical sampling mass (Meister et al.); 1 = off
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100]); -100 bans
     speculative: bool = True  # prompt-lookup speculation for this request, where the server has it on
+    lora_scale: float | None = None  # the LoRA adapter's scale on alpha/r for this request (docs/lora.md); None: as imported
 
     def __post_init__(self) -> None:
         if self.json_schema is not None and not isinstance(self.json_schema, str):
@@ -79,6 +80,8 @@ class SamplingParams:
             raise bad("stop", "must be up to 4 non-empty strings")
         if not _finite(self.repetition_penalty) or not (0 < self.repetition_penalty <= 10):
             raise bad("repetition_penalty", f"must be in (0, 10], got {self.repetition_penalty!r}")
+        if self.lora_scale is not None and (not _finite(self.lora_scale) or not (-10 <= self.lora_scale <= 10)):
+            raise bad("lora_scale", f"must be a number between -10 and 10, got {self.lora_scale!r}")
         if self.timeout is not None and (not _finite(self.timeout) or self.timeout <= 0):
             raise bad("timeout", f"must be a number of seconds > 0, got {self.timeout!r}")
         for name in ("presence_penalty", "frequency_penalty"):

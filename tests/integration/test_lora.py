@@ -16,52 +16,15 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from tests.integration.lora_material import TARGETS
 
 from ortserve.engine import AsyncEngine
 from ortserve.engine.runner import ModelSpec, Runner
 from ortserve.models.adapters import AdapterError, import_adapter, load_adapter, read_peft
-from ortserve.models.store import ModelStore
 from ortserve.types import SamplingParams
 
-TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 PROMPTS = ["The capital of France is", "Once upon a time", "def fibonacci(n):"]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
-
-
-def make_peft(hf_dir: Path, out: Path, *, seed: int, r: int, merged: Path | None = None) -> Path:
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    from ortserve.models.convert import copy_tokenizer_files
-
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_pretrained(hf_dir, torch_dtype=torch.float32)
-    # init_lora_weights=False: A and B both random (peft's default zero B would be a no-op adapter)
-    peft_model = get_peft_model(model, LoraConfig(r=r, lora_alpha=2 * r, target_modules=TARGETS,
-                                                  init_lora_weights=False))
-    peft_model.save_pretrained(out)
-    if merged is not None:
-        peft_model.merge_and_unload().save_pretrained(merged)
-        copy_tokenizer_files(hf_dir, merged)
-    return out
-
-
-@pytest.fixture(scope="module")
-def lora(tmp_path_factory: pytest.TempPathFactory, tiny_hf_dir: Path, tiny_model: Path) -> SimpleNamespace:
-    from ortserve.models.convert import build_onnx
-
-    root = tmp_path_factory.mktemp("lora")
-    one = make_peft(tiny_hf_dir, root / "my-adapter", seed=1, r=4, merged=root / "merged-hf")
-    two = make_peft(tiny_hf_dir, root / "other", seed=2, r=8)
-    merged = build_onnx(root / "merged-hf", root / "merged-onnx", precision="fp32")
-    home = root / "home"
-    store = ModelStore(home / "models")
-    store.install("tiny", "fp32-cpu", lambda _tmp: {"precision": "fp32", "device": "cpu", "link": str(tiny_model)})
-    v1 = import_adapter(store, one, "tiny")
-    v2 = import_adapter(store, two, "tiny")
-    return SimpleNamespace(root=root, one=one, two=two, merged=merged, home=home, store=store,
-                           adapters=[load_adapter(v1), load_adapter(v2)])
 
 
 def answers(engine: AsyncEngine, *batches: list[tuple[str, str]]) -> list[list[tuple[list[int], str]]]:

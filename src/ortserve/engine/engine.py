@@ -12,12 +12,13 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from ortserve.engine.adapter_host import AdapterHost
 from ortserve.engine.core import EngineCore
 from ortserve.engine.detokenize import IncrementalDetokenizer
 from ortserve.engine.draft import DraftModel
 from ortserve.engine.formats import Tool
 from ortserve.engine.guidance import Guidance, Guide, constraint_of
-from ortserve.engine.lora import Adapter, AdapterView
+from ortserve.engine.lora import Adapter
 from ortserve.engine.runner import ModelSpec, Runner
 from ortserve.engine.runtime import DeviceChoice, candidates, session_options
 from ortserve.engine.sequence import Sequence
@@ -140,7 +141,7 @@ def kv_whole_budget(model: LoadedModel, settings: Any = None) -> int:
     return int(min(full, max(256 << 20, (free - model_bytes) // 2)))
 
 
-class AsyncEngine:
+class AsyncEngine(AdapterHost):
     def __init__(self, model: LoadedModel, settings: Any = None) -> None:
         self.model = model
         self.codec = model.codec
@@ -151,6 +152,7 @@ class AsyncEngine:
         self.timeout = float(getattr(settings, "timeout", 0) or 0)  # seconds; 0: no deadline
         self.problem: str | None = None  # why the engine cannot serve (set while it restarts)
         self.watchdog = Watchdog(self, stall_timeout=float(getattr(settings, "stall_timeout", 120.0)))
+        self._lora_seqs: list[Sequence] = []  # submitted adapter requests, until they finish
 
     def _new_core(self, runner: Runner) -> EngineCore:
         core = EngineCore(runner, chunk_tokens=int(getattr(self.settings, "prefill_chunk", 512)),
@@ -176,31 +178,6 @@ class AsyncEngine:
     def load(cls, model_dir: Path, settings: Any = None, model_id: str | None = None,
              adapters: list[Adapter] | None = None, draft: tuple[Path, str] | None = None) -> AsyncEngine:
         return cls(LoadedModel(model_dir, settings, model_id, adapters, draft), settings)
-
-    # ---- LoRA adapters (engine/lora.py) -------------------------------------
-    @property
-    def adapter_names(self) -> list[str]:
-        return [a.name for a in self.model.adapters]
-
-    def with_adapter(self, adapter: str, model_id: str | None = None) -> AdapterView:
-        """This engine as requests for ``adapter`` see it: same session, same KV budget."""
-        if adapter not in self.adapter_names:
-            raise InvalidRequest(f"adapter {adapter!r} is not loaded on {self.model_id} "
-                                 f"(loaded: {', '.join(self.adapter_names) or 'none'})", param="model",
-                                 code="model_not_found")
-        return AdapterView(self, adapter, model_id or f"{self.model_id}:{adapter}")
-
-    def add_adapter(self, adapter: Adapter) -> None:
-        """Serve one more adapter; the loop takes it before its next admission (no new session)."""
-        if not self.core.runner.lora_targets:
-            raise ModelError(f"{self.model_id} was loaded without LoRA support; unload it (or restart) "
-                             f"to serve adapter {adapter.name!r}")
-        names = self.adapter_names  # a replaced adapter keeps its index: running rows point at it
-        if adapter.name in names:
-            self.model.adapters[names.index(adapter.name)] = adapter
-        else:
-            self.model.adapters.append(adapter)
-        self.core.runner.stage_adapters(self.model.adapters)
 
     # ---- facts ------------------------------------------------------------
     @property
@@ -302,9 +279,12 @@ class AsyncEngine:
         handle = RequestHandle(self, request_id or f"req-{uuid.uuid4().hex[:24]}", len(ids), timeout or None)
         loop = asyncio.get_running_loop()
         queue = handle.queue
-        seq = Sequence(id=handle.id, prompt_ids=ids, params=params, model=adapter or self.model_id, adapter=adapter,
+        seq = Sequence(id=handle.id, prompt_ids=ids, params=params, model=adapter or self.model_id,
+                       adapter=self._adapter_key(adapter, params),
                        sink=lambda ev: loop.call_soon_threadsafe(queue.put_nowait, ev),
                        detok=IncrementalDetokenizer(self.codec.decode), guide=guide)
+        if adapter:
+            self._lora_seqs.append(seq)
         self.core.add(seq)
         return handle
 

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 IDS = "lora_ids"
+SCALES = "lora_scales"  # gather mode: each row's scale multiplier [batch, 1, 1] (mask mode: the mask carries it)
 MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 PACKED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 _OUT = re.compile(r"^/model/layers\.(\d+)/(attn|mlp)/(\w+)/MatMul/output_0$")
@@ -126,6 +127,7 @@ def add_lora(model: Any, targets: list[Target], dtype: Any, mode: str = "mask") 
     graph = model.graph
     if mode == "gather":
         graph.input.append(helper.make_tensor_value_info(IDS, TensorProto.INT64, ["batch_size"]))
+        graph.input.append(helper.make_tensor_value_info(SCALES, elem, ["batch_size", 1, 1]))
     by_output = {t.output: t for t in targets}
     nodes = list(graph.node)
     new_nodes = []
@@ -149,8 +151,9 @@ def add_lora(model: Any, targets: list[Target], dtype: Any, mode: str = "mask") 
             new_nodes += [
                 helper.make_node("Gather", [a_in, IDS], [f"{p}/A"], name=f"{p}/GatherA", axis=0),
                 helper.make_node("MatMul", [t.x, f"{p}/A"], [f"{p}/xA"], name=f"{p}/MatMulA"),
+                helper.make_node("Mul", [f"{p}/xA", SCALES], [f"{p}/xAs"], name=f"{p}/Scale"),
                 helper.make_node("Gather", [b_in, IDS], [f"{p}/B"], name=f"{p}/GatherB", axis=0),
-                helper.make_node("MatMul", [f"{p}/xA", f"{p}/B"], [f"{p}/xAB"], name=f"{p}/MatMulB"),
+                helper.make_node("MatMul", [f"{p}/xAs", f"{p}/B"], [f"{p}/xAB"], name=f"{p}/MatMulB"),
             ]
         else:
             mask = f"lora_mask/{t.kind}"
@@ -246,20 +249,21 @@ class LoraInputs:
                 self.single[i] = ({k: ov(v) for k, v in arrays.items()}, ranks)
         self.bound: dict[Any, Any] = {}
 
-    def bind(self, io: Any, key: Any, ids: np.ndarray) -> Any:
-        """Bind the LoRA inputs of a step whose rows run adapters ``ids``; returns what must live
-        until the run."""
+    def bind(self, io: Any, key: Any, ids: np.ndarray, scales: np.ndarray | None = None) -> Any:
+        """Bind the LoRA inputs of a step whose rows run adapters ``ids`` with per-request scale
+        multipliers ``scales`` (1: the adapter as imported); returns what must live until the run."""
+        per_row = (np.ones(len(ids)) if scales is None else scales).astype(self.dtype)[:, None, None]
         if self.mode == "gather":
-            choice, inputs, extra = "all", self.all, {IDS: ids.copy()}
+            choice, inputs, extra = "all", self.all, {IDS: ids.copy(), SCALES: per_row}
         else:
             first = int(ids[0])
             if (ids == first).all():
                 inputs, ranks = self.single[first]
                 choice = first
-                extra = {f"lora_mask/{k}": np.ones((len(ids), 1, r), dtype=self.dtype) for k, r in ranks.items()}
+                extra = {f"lora_mask/{k}": np.repeat(per_row, r, axis=2) for k, r in ranks.items()}
             else:
                 choice, inputs = "all", self.all
-                extra = row_masks(ids, self.n, self.ranks, self.dtype)
+                extra = {k: v * per_row for k, v in row_masks(ids, self.n, self.ranks, self.dtype).items()}
         if self.bound.get(key) != choice:
             for name, value in inputs.items():
                 io.bind_ortvalue_input(name, value)
@@ -269,20 +273,39 @@ class LoraInputs:
         return extra
 
 
+def adapter_key(name: str, scale: float = 1.0) -> str:
+    """What a sequence runs with: the adapter's name, and ``@multiplier`` when a request scales it
+    (store ids never hold '@'). Its KV differs with either, so the prefix cache keys on all of it."""
+    return name if not name or scale == 1.0 else f"{name}@{float(scale)!r}"
+
+
+def split_key(key: str) -> tuple[str, float]:
+    """``adapter_key``'s (name, scale multiplier)."""
+    name, _, scale = key.partition("@")
+    return name, float(scale) if scale else 1.0
+
+
 class AdapterView:
     """An engine as the requests for one adapter see it: ``submit``/``generate`` run on the base
     engine with ``adapter`` set on the sequence; everything else is the base engine's."""
 
-    def __init__(self, engine: Any, adapter: str, model_id: str) -> None:
+    def __init__(self, engine: Any, adapter: str, model_id: str, reload: Any = None) -> None:
         self.engine = engine
         self.adapter = adapter
         self.model_id = model_id
+        self.reload = reload  # () -> Adapter: loads it again if keep_alive dropped it since the lookup
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.engine, name)
 
+    def _ensure(self) -> None:
+        if self.reload is not None and self.adapter not in self.engine.adapter_names:
+            self.engine.add_adapter(self.reload())
+
     def submit(self, **kw: Any) -> Any:
+        self._ensure()
         return self.engine.submit(adapter=self.adapter, **kw)
 
     async def generate(self, **kw: Any) -> Any:
+        self._ensure()
         return await self.engine.generate(adapter=self.adapter, **kw)

@@ -21,7 +21,7 @@ import numpy as np
 
 from ortserve.engine.graph import LOGIT_ROWS, gather_positions, load_decoder
 from ortserve.engine.kvcache import DeviceKV, HostKV, device_of
-from ortserve.engine.lora import Adapter, LoraInputs, add_lora, find_targets
+from ortserve.engine.lora import Adapter, LoraInputs, add_lora, find_targets, split_key
 from ortserve.engine.runtime import anon_mappings, use_huge_pages
 from ortserve.errors import ModelError
 
@@ -148,6 +148,7 @@ class Runner:
         self._bindings: dict[tuple[int, int, int], Any] = {}
         self.adapters: dict[str, int] = {"": 0}  # adapter name -> its index in the stacks (0: the base)
         self.row_adapter = np.zeros(slots, dtype=np.int64)  # each row's adapter index
+        self.row_scale = np.ones(slots, dtype=np.float64)  # and its per-request scale multiplier
         self._lora: LoraInputs | None = None
         self._staged: list[Adapter] | None = None  # a new adapter set, taken by the loop thread
         if lora:
@@ -199,7 +200,7 @@ class Runner:
         """Copy row ``src`` into row ``dst`` (compaction when a sequence retires)."""
         n = int(self.lengths[src])
         self.kv.move_row(src, dst, n)
-        self.row_adapter[dst] = self.row_adapter[src]
+        self.row_adapter[dst], self.row_scale[dst] = self.row_adapter[src], self.row_scale[src]
         self.lengths[dst] = n
         self.lengths[src] = 0
 
@@ -213,22 +214,26 @@ class Runner:
         if not self.lora_targets:
             raise ModelError("this runner was loaded without LoRA support (Runner(lora=True))")
         self._lora = LoraInputs(self.lora_targets, adapters, self.lora_dtype, self.lora_mode)
+        names = {i: name for name, i in self.adapters.items()}  # rows keep their adapter across the change
         self.adapters = {"": 0} | {a.name: i for i, a in enumerate(adapters, start=1)}
-        self._bindings = {}
+        self.row_adapter[:] = [self.adapters.get(names.get(int(i), ""), 0) for i in self.row_adapter]
+        self._staged, self._bindings = None, {}
 
     def stage_adapters(self, adapters: list[Adapter]) -> None:
-        """From another thread: ``adapters`` (the current ones first, in order, so running rows keep
-        their indices) become the set at the next admission."""
+        """From another thread: ``adapters`` become the set at the next admission (running rows keep
+        their adapters: set_adapters re-marks them)."""
         self._staged = list(adapters)
 
     def use_adapter(self, row: int, adapter: str) -> None:
-        """Run ``row`` with ``adapter`` ("" for the base); KeyError when it is not loaded."""
+        """Run ``row`` with ``adapter``, a key of engine/lora.py ``adapter_key`` ("" for the base, or an
+        adapter's name with its per-request scale); KeyError when it is not loaded."""
         if self._staged is not None:
             staged, self._staged = self._staged, None
             self.set_adapters(staged)
-        if adapter and not self.lora_targets:
+        name, scale = split_key(adapter)
+        if name and not self.lora_targets:
             raise KeyError(adapter)
-        self.row_adapter[row] = self.adapters[adapter]
+        self.row_adapter[row], self.row_scale[row] = self.adapters[name], scale
 
     # ---- prefix reuse (engine/prefix_cache.py) ------------------------------
     def save(self, row: int) -> Any:
@@ -281,8 +286,8 @@ class Runner:
         io = self._binding(rows)
         io.bind_cpu_input("input_ids", input_ids.astype(self.ids_dtype, copy=False))
         io.bind_cpu_input("attention_mask", mask.astype(self.mask_dtype, copy=False))
-        held = self._lora.bind(io, (rows.start, rows.stop, self.capacity), self.row_adapter[rows]) \
-            if self._lora is not None else None  # noqa: F841 - the bound arrays live until the run
+        held = self._lora.bind(io, (rows.start, rows.stop, self.capacity),  # noqa: F841 - bound arrays live until the run
+                               self.row_adapter[rows], self.row_scale[rows]) if self._lora is not None else None
         if self.has_position_ids:
             if positions is None:
                 positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)[:, -input_ids.shape[1]:]

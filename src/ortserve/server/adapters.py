@@ -4,16 +4,24 @@ serves it (the base model's engine, its session and its KV budget, with the adap
 A request names an adapter by its id (``my-adapter``, as vLLM's ``--lora-modules`` names do), by
 ``my-adapter:lora``, or as ``BASE:ADAPTER`` where BASE is the base's id, its model name, or the
 name a loaded model answers to (``tiny:my-adapter``). All adapters of a base are loaded with the
-base; one imported later is added to the running engine before its first request.
+base; one imported later (or dropped by keep_alive) is added to the running engine before its
+next request. An adapter no request has used for its keep_alive is dropped from the engine's
+stacks (``AdapterKeeper``): the request's keep_alive when one named the adapter, else the base's.
 """
 
 from __future__ import annotations
 
+import logging
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ortserve.errors import InvalidRequest, ModelError, OrtServeError
 from ortserve.server.model_names import GENERIC_NAMES
+from ortserve.server.slots import parse_keep_alive
+
+log = logging.getLogger("ortserve.manager")
 
 
 def _store(settings: Any) -> Any:
@@ -86,13 +94,77 @@ def _is_base(manager: Any, prefix: str, v: Any) -> bool:
 
 
 async def adapter_engine(manager: Any, v: Any, keep_alive: Any) -> Any:
-    """The base engine (loaded on demand) as requests for adapter ``v`` see it."""
-    engine = await manager.get(v.base, keep_alive=keep_alive)
-    if v.model not in engine.adapter_names:  # imported after the base was loaded
-        from ortserve.models.adapters import load_adapter
+    """The base engine (loaded on demand) as requests for adapter ``v`` see it; a request's
+    keep_alive applies to the base and to the adapter (as Ollama's applies to the model)."""
+    from ortserve.models.adapters import load_adapter
 
+    engine = await manager.get(v.base, keep_alive=keep_alive)
+    if v.model not in engine.adapter_names:  # imported after the base was loaded, or dropped since
         try:
             engine.add_adapter(load_adapter(v))
         except ModelError as exc:
             raise InvalidRequest(exc.message, param="model", code="model_not_supported") from None
-    return engine.with_adapter(v.model, model_id=v.model)
+    manager.adapter_use.used(engine, v.model, parse_keep_alive(keep_alive))
+    return engine.with_adapter(v.model, model_id=v.model, reload=lambda: load_adapter(v))
+
+
+@dataclass
+class _Use:
+    last_used: float
+    keep_alive: float | None = None  # the last request's that named it; None: the base's
+
+
+class AdapterKeeper:
+    """When each loaded adapter was last used, and its keep_alive; ``reap`` drops the idle ones.
+
+    An adapter with a request queued or running is in use (its clock restarts), so it is never
+    dropped under a request; one loaded with its base and never asked for expires like a used one.
+    Entries are keyed by the engine object, so a reloaded base starts its adapters' clocks afresh."""
+
+    def __init__(self) -> None:
+        self.uses: dict[tuple[int, str], _Use] = {}
+
+    def used(self, engine: Any, name: str, keep_alive: float | None) -> None:
+        use = self.uses.setdefault((id(engine), name), _Use(time.monotonic()))
+        use.last_used = time.monotonic()
+        if keep_alive is not None:
+            use.keep_alive = keep_alive
+
+    def _keep_alive(self, manager: Any, slot: Any, use: _Use) -> float:
+        return use.keep_alive if use.keep_alive is not None else float(manager.keep_alive_of(slot))
+
+    def reap(self, manager: Any, now: float) -> bool:
+        """Drop every adapter idle past its keep_alive (a rebind, no new session); True if any went."""
+        dropped, live = False, set()
+        for slot in list(manager.slots.values()):
+            engine = slot.obj
+            if engine is None or not getattr(engine, "adapter_names", None):
+                continue
+            busy = engine.adapters_in_use()
+            for name in engine.adapter_names:
+                live.add((id(engine), name))
+                use = self.uses.setdefault((id(engine), name), _Use(now))
+                if name in busy:
+                    use.last_used = now
+                    continue
+                ka = self._keep_alive(manager, slot, use)
+                if ka >= 0 and now - use.last_used >= ka and engine.remove_adapter(name):
+                    log.info("keep_alive %.0f s passed: dropping adapter %s of %s", ka, name, slot.id)
+                    del self.uses[(id(engine), name)]
+                    live.discard((id(engine), name))
+                    dropped = True
+        for key in set(self.uses) - live:  # their base was unloaded, or they were dropped
+            del self.uses[key]
+        return dropped
+
+    def expires_in(self, manager: Any, slot: Any, now: float) -> dict[str, float | None]:
+        """Seconds until each adapter of ``slot``'s engine is dropped (None: never, or in use)."""
+        engine, out = slot.obj, {}
+        names = getattr(engine, "adapter_names", None) or []
+        busy = engine.adapters_in_use() if names else set()
+        for name in names:
+            use = self.uses.get((id(engine), name))
+            ka = self._keep_alive(manager, slot, use) if use is not None else float(manager.keep_alive_of(slot))
+            idle = now - use.last_used if use is not None else 0.0
+            out[name] = None if ka < 0 or name in busy else round(max(0.0, ka - idle), 3)
+        return out

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ortserve.errors import InvalidRequest, NotFound, OrtServeError, Unavailable
-from ortserve.server.adapters import adapter_engine, find_adapter
+from ortserve.server.adapters import AdapterKeeper, adapter_engine, find_adapter
 from ortserve.server.engine_loader import load_chat_engine
 from ortserve.server.memory import (
     MB,
@@ -37,6 +37,7 @@ from ortserve.server.memory import (
     weights_bytes,
 )
 from ortserve.server.model_names import GENERIC_NAMES, catalog_aliases, resolve_store_model
+from ortserve.server.ps import ps_rows
 from ortserve.server.slots import External, Slot, parse_keep_alive
 
 # the names other modules and tests import from here
@@ -62,6 +63,7 @@ class ModelManager:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.on_change: list[Callable[[], None]] = []
         self.loads_total: dict[str, int] = {}      # model id -> loads since start (reloads count)
+        self.adapter_use = AdapterKeeper()         # LoRA adapters' own keep_alive (server/adapters.py)
         self.register_kind("chat", self._load_engine, chat_estimate(settings))
 
     # ---- configuration ---------------------------------------------------------------
@@ -340,6 +342,8 @@ class ModelManager:
             if ka >= 0 and now - slot.last_used >= ka:
                 log.info("keep_alive %.0f s passed: unloading %s", ka, slot.id)
                 await self._unload(slot)
+        if self.adapter_use.reap(self, now):
+            self._changed()
 
     async def _reap_forever(self, period: float) -> None:
         while True:
@@ -367,22 +371,7 @@ class ModelManager:
 
     # ---- what users see ---------------------------------------------------------------
     def ps(self) -> list[dict[str, Any]]:
-        now = time.monotonic()
-        rows = []
-        for s in sorted(self.slots.values(), key=lambda s: (not s.pinned, s.id)):
-            ka = -1.0 if s.pinned else self.keep_alive_of(s)
-            idle = 0.0 if s.busy() else now - s.last_used
-            stats = getattr(s.obj, "stats", None)
-            st = stats() if callable(stats) else None
-            rows.append({"model": s.id, "kind": s.kind, "state": s.state, "pinned": s.pinned,
-                         "memory_bytes": s.planned_bytes, "rss_delta_bytes": s.rss_delta,
-                         "requests": s.requests, "loads": s.loads, "idle_seconds": round(idle, 3),
-                         "keep_alive": ka,
-                         "expires_in": None if ka < 0 or s.obj is None else round(max(0.0, ka - idle), 3),
-                         "running": getattr(st, "running", 0), "waiting": getattr(st, "waiting", 0),
-                         "device": getattr(s.obj, "device", None), "path": str(s.dir),
-                         "adapters": list(getattr(s.obj, "adapter_names", []))})
-        return rows
+        return ps_rows(self)
 
     def summary(self) -> dict[str, Any]:
         return {"budget_bytes": self.budget, "used_bytes": self.used_bytes(), "pid": os.getpid(),

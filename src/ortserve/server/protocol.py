@@ -159,6 +159,8 @@ class _Sampling(_Contract):
                                   "seconds, queue time included (default: the server's `timeout`)")
     speculative: StrictBool | None = Field(None, description="ortserve extension: false turns prompt-lookup "
                                            "speculation off for this request (docs/speculative.md)")
+    lora_scale: float | None = Field(None, strict=True, description="ortserve extension (llama-server's per-request "
+                                     "LoRA scale): the adapter's scale on alpha/r, -10..10 (docs/lora.md)")
 
     REFUSED: ClassVar[dict[str, str]] = OPENAI_REFUSED
 
@@ -186,7 +188,7 @@ class _Sampling(_Contract):
             **sampling, max_tokens=mt, min_tokens=self.min_tokens or 0, seed=self.seed, stop=stop,
             logit_bias=self.logit_bias or {}, presence_penalty=self.presence_penalty or 0.0,
             frequency_penalty=self.frequency_penalty or 0.0, timeout=self.timeout, fit_context=defaulted,
-            speculative=self.speculative is not False)
+            speculative=self.speculative is not False, lora_scale=self.lora_scale)
 
     def sampling_headers(self, params: SamplingParams, defaults: SamplingDefaults) -> dict[str, str]:
         """X-Ortserve-Sampling: the values used; X-Ortserve-Sampling-Defaults: which were defaulted, from where."""

@@ -34,7 +34,8 @@ from ortserve.telemetry import span_of
 router = APIRouter()
 
 SAMPLING = ("temperature", "top_p", "top_k", "min_p", "typical_p", "logit_bias", "min_tokens", "seed", "stop",
-            "repetition_penalty", "presence_penalty", "frequency_penalty", "timeout", "speculative")
+            "repetition_penalty", "presence_penalty", "frequency_penalty", "timeout", "speculative",
+            "lora_scale")
 
 
 def turn_of(body: ChatCompletionRequest) -> ChatTurn:
