@@ -118,12 +118,15 @@ def find_targets(graph: Any, *, q_width: int, kv_width: int) -> list[Target]:
 def add_lora(model: Any, targets: list[Target], dtype: Any, mode: str = "mask") -> None:
     """Edit ``model`` (an onnx ModelProto) in place: the LoRA term after every target.
 
-    ``gather``: per-row weights, ``(x @ Gather(A, ids)) @ Gather(B, ids)`` with A ``[n, in, r]``;
+    ``gather``: per-row weights, ``(x @ Gather(A, ids)) * scale @ Gather(B, ids)`` with A ``[n, in, r]``;
     ``mask``: every adapter at once, ``((x @ A) * mask) @ B`` with A ``[in, n*r]``, B ``[n*r, out]``
-    and a per-row 0/1 mask ``[batch, 1, n*r]`` selecting the row's adapter (one per target kind)."""
+    and a per-row mask ``[batch, 1, n*r]``, the row's scale on its adapter's columns, 0 elsewhere
+    (one per target kind). A packed projection's term is split by part before B (each part's B is
+    its own ``[n*r, width]``: no block-diagonal zeros to read)."""
     from onnx import TensorProto, helper
 
     elem = TensorProto.FLOAT16 if np.dtype(dtype) == np.float16 else TensorProto.FLOAT
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
     graph = model.graph
     if mode == "gather":
         graph.input.append(helper.make_tensor_value_info(IDS, TensorProto.INT64, ["batch_size"]))
@@ -137,18 +140,13 @@ def add_lora(model: Any, targets: list[Target], dtype: Any, mode: str = "mask") 
         t = next((by_output[o] for o in node.output if o in by_output), None)
         if t is None:
             continue
-        a_in, b_in = f"lora.{t.key}.A", f"lora.{t.key}.B"
-        rank = f"lora_rank/{t.kind}"  # its own name: a packed qkv stack is wider than o_proj's
+        a_in, rank = f"lora.{t.key}.A", f"lora_rank/{t.kind}"  # per kind: a packed stack is wider
         y, p = t.output, f"/ortserve/lora/{t.key}"
-        summed = f"{y}/lora"
-        for other in nodes:  # everything that read y reads y + the LoRA term
-            for i, name in enumerate(other.input):
-                if name == y:
-                    other.input[i] = summed
         if mode == "gather":
+            b_in = f"lora.{t.key}.B"
             graph.input.append(helper.make_tensor_value_info(a_in, elem, ["lora_adapters", t.inputs, rank]))
             graph.input.append(helper.make_tensor_value_info(b_in, elem, ["lora_adapters", rank, t.outputs]))
-            new_nodes += [
+            term = [
                 helper.make_node("Gather", [a_in, IDS], [f"{p}/A"], name=f"{p}/GatherA", axis=0),
                 helper.make_node("MatMul", [t.x, f"{p}/A"], [f"{p}/xA"], name=f"{p}/MatMulA"),
                 helper.make_node("Mul", [f"{p}/xA", SCALES], [f"{p}/xAs"], name=f"{p}/Scale"),
@@ -161,19 +159,43 @@ def add_lora(model: Any, targets: list[Target], dtype: Any, mode: str = "mask") 
                 masks.add(mask)
                 graph.input.append(helper.make_tensor_value_info(mask, elem, ["batch_size", 1, rank]))
             graph.input.append(helper.make_tensor_value_info(a_in, elem, [t.inputs, rank]))
-            graph.input.append(helper.make_tensor_value_info(b_in, elem, [rank, t.outputs]))
-            new_nodes += [
-                helper.make_node("MatMul", [t.x, a_in], [f"{p}/xA"], name=f"{p}/MatMulA"),
-                helper.make_node("Mul", [f"{p}/xA", mask], [f"{p}/xAm"], name=f"{p}/Mask"),
-                helper.make_node("MatMul", [f"{p}/xAm", b_in], [f"{p}/xAB"], name=f"{p}/MatMulB"),
-            ]
-        new_nodes.append(helper.make_node("Add", [y, f"{p}/xAB"], [summed], name=f"{p}/Add"))
+            term = [helper.make_node("MatMul", [t.x, a_in], [f"{p}/xA"], name=f"{p}/MatMulA"),
+                    helper.make_node("Mul", [f"{p}/xA", mask], [f"{p}/xAm"], name=f"{p}/Mask")]
+            term += _mask_b(helper, graph, t, p, elem, opset)
+        summed = f"{y}/lora"
+        for other in nodes:  # everything that read y reads y + the LoRA term
+            for i, name in enumerate(other.input):
+                if name == y:
+                    other.input[i] = summed
+        new_nodes += [*term, helper.make_node("Add", [y, f"{p}/xAB"], [summed], name=f"{p}/Add")]
     del graph.node[:]
     graph.node.extend(new_nodes)
 
 
+def b_name(t: Target, part: int) -> str:
+    """``mask`` mode: the B input of a target's part (a packed projection has one per part)."""
+    return f"lora.{t.key}.B" if len(t.parts) == 1 else f"lora.{t.key}.B{part}"
+
+
+def _mask_b(helper: Any, graph: Any, t: Target, p: str, elem: int, opset: int) -> list[Any]:
+    """``mask`` mode's B side: one MatMul, or for a packed projection Split -> a MatMul per part -> Concat."""
+    part_rank = f"lora_rank/{t.kind}/part"
+    for i, (_, width) in enumerate(t.parts):
+        graph.input.append(helper.make_tensor_value_info(b_name(t, i), elem,
+                                                         [part_rank if len(t.parts) > 1 else f"lora_rank/{t.kind}", width]))
+    if len(t.parts) == 1:
+        return [helper.make_node("MatMul", [f"{p}/xAm", b_name(t, 0)], [f"{p}/xAB"], name=f"{p}/MatMulB")]
+    pieces = [f"{p}/xAm{i}" for i in range(len(t.parts))]
+    split = {"num_outputs": len(t.parts)} if opset >= 18 else {}
+    return [helper.make_node("Split", [f"{p}/xAm"], pieces, name=f"{p}/Split", axis=-1, **split),
+            *[helper.make_node("MatMul", [x, b_name(t, i)], [f"{p}/xAB{i}"], name=f"{p}/MatMulB{i}")
+              for i, x in enumerate(pieces)],
+            helper.make_node("Concat", [f"{p}/xAB{i}" for i in range(len(t.parts))], [f"{p}/xAB"],
+                             name=f"{p}/Concat", axis=-1)]
+
+
 def kind_ranks(targets: list[Target], adapters: list[Adapter]) -> dict[str, int]:
-    """The stack rank of each target kind: the widest any adapter needs there, in any layer."""
+    """``gather`` mode: the stack rank of each target kind, the widest any adapter needs there."""
     out: dict[str, int] = {}
     for t in targets:
         for a in adapters:
@@ -184,8 +206,19 @@ def kind_ranks(targets: list[Target], adapters: list[Adapter]) -> dict[str, int]
     return out
 
 
-def stacks(targets: list[Target], adapters: list[Adapter], dtype: Any, mode: str = "mask") -> dict[str, np.ndarray]:
-    """The stack inputs for ``adapters`` (index i+1 is adapters[i]; index 0 is all zeros)."""
+def part_ranks(targets: list[Target], adapters: list[Adapter]) -> dict[str, int]:
+    """``mask`` mode: per target kind, the widest rank any adapter has on any one part (each part of
+    a packed projection gets that many columns per adapter, so the term splits into equal parts)."""
+    out: dict[str, int] = {}
+    for t in targets:
+        ranks = [a.weights[k][0].shape[1] for a in adapters for m, _ in t.parts
+                 if (k := f"layers.{t.layer}.{m}") in a.weights]
+        out[t.kind] = max([out.get(t.kind, 1), *ranks])
+    return out
+
+
+def stacks(targets: list[Target], adapters: list[Adapter], dtype: Any) -> dict[str, np.ndarray]:
+    """``gather`` mode's stack inputs for ``adapters`` (index i+1 is adapters[i]; index 0 is all zeros)."""
     out = {}
     n = len(adapters) + 1
     ranks = kind_ranks(targets, adapters)
@@ -204,19 +237,44 @@ def stacks(targets: list[Target], adapters: list[Adapter], dtype: Any, mode: str
                     b_stack[i, col:col + r, row:row + width] = b
                     col += r
                 row += width
-        if mode == "mask":  # adapter-major columns: adapter i is columns i*rank .. (i+1)*rank
-            a_stack = np.ascontiguousarray(a_stack.transpose(1, 0, 2).reshape(t.inputs, n * rank))
-            b_stack = b_stack.reshape(n * rank, t.outputs)
         out[f"lora.{t.key}.A"] = a_stack
         out[f"lora.{t.key}.B"] = b_stack
     return out
 
 
-def row_masks(ids: np.ndarray, n: int, ranks: dict[str, int], dtype: Any) -> dict[str, np.ndarray]:
-    """``mask`` mode's inputs: per target kind, 1 on the columns of each row's adapter."""
-    onehot = np.zeros((len(ids), n), dtype=dtype)
-    onehot[np.arange(len(ids)), ids] = 1
-    return {f"lora_mask/{k}": np.repeat(onehot, r, axis=1)[:, None, :] for k, r in ranks.items()}
+def mask_stacks(targets: list[Target], adapters: list[Adapter], dtype: Any) -> dict[str, np.ndarray]:
+    """``mask`` mode's inputs for ``adapters``: A ``[in, parts*n*r]`` (part-major, then adapter j in
+    columns j*r..(j+1)*r of its part) and each part's B ``[n*r, width]``. No zero adapter: a base
+    row's mask is all zeros. With no adapters, rank-1 zeros."""
+    out = {}
+    n = max(1, len(adapters))
+    ranks = part_ranks(targets, adapters)
+    for t in targets:
+        r, parts = ranks[t.kind], len(t.parts)
+        a_stack = np.zeros((t.inputs, parts, n, r), dtype=dtype)
+        b_stacks = [np.zeros((n, r, width), dtype=dtype) for _, width in t.parts]
+        for j, adapter in enumerate(adapters):
+            for i, (m, _) in enumerate(t.parts):
+                w = adapter.weights.get(f"layers.{t.layer}.{m}")
+                if w is not None:
+                    a_stack[:, i, j, :w[0].shape[1]] = w[0]
+                    b_stacks[i][j, :w[0].shape[1]] = w[1]
+        out[f"lora.{t.key}.A"] = a_stack.reshape(t.inputs, parts * n * r)
+        for i, b in enumerate(b_stacks):
+            out[b_name(t, i)] = b.reshape(n * r, b.shape[2])
+    return out
+
+
+def row_masks(ids: np.ndarray, n: int, ranks: dict[str, int], parts: dict[str, int], dtype: Any) -> dict[str, np.ndarray]:
+    """``mask`` mode's inputs for a mixed step: per target kind, 1 on the columns of each row's
+    adapter (``ids``: 1..n, 0 the base: no columns) in every part."""
+    out = {}
+    rows = np.nonzero(ids > 0)[0]
+    for kind, r in ranks.items():
+        m = np.zeros((len(ids), parts[kind], n, r), dtype=dtype)
+        m[rows, :, ids[rows] - 1, :] = 1
+        out[f"lora_mask/{kind}"] = m.reshape(len(ids), 1, -1)
+    return out
 
 
 class LoraInputs:
@@ -232,21 +290,18 @@ class LoraInputs:
         import onnxruntime as ort
 
         ov = ort.OrtValue.ortvalue_from_numpy
-        self.mode, self.dtype, self.n = mode, dtype, len(adapters) + 1
-        self.all = {k: ov(v) for k, v in stacks(targets, adapters, dtype, mode).items()}
-        self.ranks = kind_ranks(targets, adapters)
+        self.mode, self.dtype, self.n = mode, dtype, len(adapters)
         self.single: dict[int, tuple[dict[str, Any], dict[str, int]]] = {}
-        if mode == "mask":
+        self.parts = {t.kind: len(t.parts) for t in targets}
+        if mode == "gather":
+            self.all = {k: ov(v) for k, v in stacks(targets, adapters, dtype).items()}
+        else:
+            self.all = {k: ov(v) for k, v in mask_stacks(targets, adapters, dtype).items()}
+            self.ranks = part_ranks(targets, adapters)
             for i, adapter in enumerate([None, *adapters]):
                 own = [adapter] if adapter is not None else []
-                ranks = kind_ranks(targets, own)
-                arrays = stacks(targets, own, dtype, mode)
-                if own:  # drop the zero adapter's columns (index 0) from this adapter's own stack
-                    for t in targets:
-                        r = ranks[t.kind]
-                        arrays[f"lora.{t.key}.A"] = np.ascontiguousarray(arrays[f"lora.{t.key}.A"][:, r:])
-                        arrays[f"lora.{t.key}.B"] = np.ascontiguousarray(arrays[f"lora.{t.key}.B"][r:])
-                self.single[i] = ({k: ov(v) for k, v in arrays.items()}, ranks)
+                arrays = mask_stacks(targets, own, dtype)
+                self.single[i] = ({k: ov(v) for k, v in arrays.items()}, part_ranks(targets, own))
         self.bound: dict[Any, Any] = {}
 
     def bind(self, io: Any, key: Any, ids: np.ndarray, scales: np.ndarray | None = None) -> Any:
@@ -260,10 +315,10 @@ class LoraInputs:
             if (ids == first).all():
                 inputs, ranks = self.single[first]
                 choice = first
-                extra = {f"lora_mask/{k}": np.repeat(per_row, r, axis=2) for k, r in ranks.items()}
+                extra = {f"lora_mask/{k}": np.repeat(per_row, self.parts[k] * r, axis=2) for k, r in ranks.items()}
             else:
                 choice, inputs = "all", self.all
-                extra = {k: v * per_row for k, v in row_masks(ids, self.n, self.ranks, self.dtype).items()}
+                extra = {k: v * per_row for k, v in row_masks(ids, self.n, self.ranks, self.parts, self.dtype).items()}
         if self.bound.get(key) != choice:
             for name, value in inputs.items():
                 io.bind_ortvalue_input(name, value)
