@@ -12,7 +12,8 @@ does not depend on the values. Measured in one run, all greedy with ignore_eos:
   4 adapters (4 each, one mixed batch) on the LoRA engine;
 
 each for both ways of computing a mixed batch (``lora_mode`` mask and gather, engine/lora.py);
-every figure is the best of ``--reps`` interleaved runs.
+the three engines are loaded together and their runs interleaved (base, mask, gather, base, ...),
+every figure the best of ``--reps``.
 """
 
 from __future__ import annotations
@@ -64,21 +65,26 @@ async def streams(engine: AsyncEngine, adapters: list[str], tokens: int) -> dict
             "decode_tps_per_stream": round(decode, 2)}
 
 
-async def measure(engine: AsyncEngine, runs: list[tuple[str, list[str]]], tokens: int,
-                  reps: int) -> dict[str, Any]:
-    """Each run ``reps`` times, interleaved; the best (a shared machine only ever slows a run down)."""
-    await engine.start()
-    try:
+async def measure(plan: list[tuple[str, AsyncEngine, list[tuple[str, list[str]]]]], tokens: int,
+                  reps: int) -> dict[str, dict[str, Any]]:
+    """Every engine's runs ``reps`` times, interleaved across the engines (base, mask, gather, base,
+    ...), so that a shared machine's load falls on all of them; the best of each (load only ever
+    slows a run down)."""
+    for _, engine, runs in plan:
+        await engine.start()
         await streams(engine, [runs[0][1][0]], 8)  # warm-up
-        best: dict[str, dict[str, float]] = {}
+    try:
+        best: dict[str, dict[str, Any]] = {name: {} for name, _, _ in plan}
         for _ in range(reps):
-            for name, adapters in runs:
-                r = await streams(engine, adapters, tokens)
-                if name not in best or r["total_tps"] > best[name]["total_tps"]:
-                    best[name] = r
+            for name, engine, runs in plan:
+                for run, adapters in runs:
+                    r = await streams(engine, adapters, tokens)
+                    if run not in best[name] or r["total_tps"] > best[name][run]["total_tps"]:
+                        best[name][run] = r
         return best
     finally:
-        await engine.stop()
+        for _, engine, _ in plan:
+            await engine.stop()
 
 
 def main() -> None:
@@ -95,17 +101,19 @@ def main() -> None:
     adapters = random_adapters(path, args.adapters, args.rank)
     names = [a.name for a in adapters]
     many = [names[i % len(names)] for i in range(args.streams)]
-    base = asyncio.run(measure(AsyncEngine.load(path, settings), [
-        ("single", [""]), ("streams", [""] * args.streams)], args.tokens, args.reps))
+    lora_runs = [("single_adapter", [names[0]]), ("single_base_row", [""]), ("streams_adapters", many)]
+    plan = [("base", AsyncEngine.load(path, settings), [("single", [""]), ("streams", [""] * args.streams)])]
+    plan += [(mode, AsyncEngine.load(path, settings.model_copy(update={"lora_mode": mode}), adapters=adapters), lora_runs)
+             for mode in ("mask", "gather")]
+    measured = asyncio.run(measure(plan, args.tokens, args.reps))
+    base = measured["base"]
     single = base["single"]["decode_tps_per_stream"]
     result: dict[str, Any] = {"machine": machine(), "model": model_id, "rank": args.rank, "adapters": args.adapters,
-                              "reps": args.reps, "best_of_reps": True,
+                              "reps": args.reps, "best_of_reps": True, "interleaved": True,
                               "targets": "q,k,v,o,gate,up,down (every layer)", "tokens_per_request": args.tokens,
                               "base": base}
     for mode in ("mask", "gather"):
-        s = settings.model_copy(update={"lora_mode": mode})
-        lora = asyncio.run(measure(AsyncEngine.load(path, s, adapters=adapters), [
-            ("single_adapter", [names[0]]), ("single_base_row", [""]), ("streams_adapters", many)], args.tokens, args.reps))
+        lora = measured[mode]
         result[mode] = lora | {
             "single_stream_overhead": round(single / lora["single_adapter"]["decode_tps_per_stream"] - 1, 4),
             "single_stream_base_row_overhead": round(

@@ -2,20 +2,24 @@
 
 At load, ``add_lora`` edits the builder's decoder: after every projection MatMul/MatMulNBits
 of every layer (``attn/qkv_proj`` or ``q_proj``/``k_proj``/``v_proj``, ``o_proj``,
-``mlp/gate_proj``, ``up_proj``, ``down_proj``, found by the builder's node names) it adds
+``mlp/gate_proj``, ``up_proj``, ``down_proj``, found by the builder's node names) it adds the
+LoRA term of each row's adapter, in one of two ways (``mode``, docs/lora.md):
 
-    y += (x @ Gather(A_stack, lora_ids)) @ Gather(B_stack, lora_ids)
+    mask:   y += ((x @ A_all) * mask) @ B_all     every adapter's A side by side; the per-row mask
+                                                  holds the row's scale on its adapter's columns
+    gather: y += (x @ Gather(A_stack, lora_ids)) * lora_scales @ Gather(B_stack, lora_ids)
 
-where ``lora_ids`` is a new input, one adapter index per row (0 is the zero adapter: the base
-model), ``A_stack`` is ``[adapters, in, rank]`` and ``B_stack`` ``[adapters, rank, out]`` with
-the adapter's scale folded into B. A batch mixing the base and several adapters is one call.
+(index 0 is the base: no columns in mask mode, the zero adapter in gather mode), the adapter's
+import scale folded into B and a request's ``lora_scale`` a per-row multiplier. A batch mixing
+the base, several adapters and several scales is one call.
 
 Why the stacks are graph inputs, not initializers: adding or dropping an adapter then costs a
 numpy concatenation (milliseconds), not a new session (seconds, and a second prepacked copy
 of the weights while both live). Their dims are symbolic, so the rank of the stack is the
-largest rank loaded and grows or shrinks with the set. A packed projection (the builder packs
-q, k and v into ``qkv_proj``) takes one term with A = [A_q A_k A_v] and B block-diagonal,
-which is exactly the concatenation of the three separate terms.
+largest rank loaded and grows or shrinks with the set. A packed projection (``qkv_proj``,
+``gate_up_proj``) takes one term with A = [A_q A_k A_v], split by part before B in mask mode
+(one B per part: no block-diagonal zeros to read), a block-diagonal B in gather mode: either is
+exactly the three separate terms side by side.
 
 Adapters themselves are numpy, per HF module (``layers.3.q_proj``): A ``[in, r]`` and
 B ``[r, out]`` (scale folded). models/adapters.py reads PEFT directories into that form.
