@@ -95,6 +95,9 @@ def test_routed_fields_are_sent_or_refused_never_dropped(srv: ServerThread, clou
     r = httpx.post(f"{srv.url}/v1/chat/completions", timeout=60, json={
         "model": "openrouter", "max_tokens": 8, "messages": msgs, "speculative": False})
     assert r.status_code == 400 and r.json()["error"]["param"] == "speculative", r.text
+    r = httpx.post(f"{srv.url}/v1/chat/completions", timeout=60, json={  # and a LoRA adapter's scale (lora.md)
+        "model": "openrouter", "max_tokens": 8, "messages": msgs, "lora_scale": 0.5})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "lora_scale", r.text
     r = httpx.post(f"{srv.url}/v1/chat/completions", timeout=60, json={
         "model": "auto", "max_tokens": 8, "messages": msgs, "metadata": high, "speculative": False})
     assert r.status_code == 200 and r.headers["x-ortserve-provider"] == "local", r.text

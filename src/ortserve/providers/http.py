@@ -29,6 +29,7 @@ SAMPLING_EXTRAS: dict[str, object] = {
     "seed": None, "presence_penalty": 0.0, "frequency_penalty": 0.0, "top_k": 0, "min_p": 0.0,
     "typical_p": 1.0, "repetition_penalty": 1.0, "min_tokens": 0, "logit_bias": (),
     "speculative": True,  # ortserve's own switch (docs/speculative.md): only the local engine has it
+    "lora_scale": None,  # a LoRA adapter's per-request scale (docs/lora.md): the local engine's adapters only
 }  # `timeout` is the router's: a deadline over the whole routed answer, whoever gives it
 
 
