@@ -61,12 +61,13 @@ class AdapterHost:
     def _apply_adapters(self) -> None:
         """The runner serves ``model.adapters``: now when the loop is idle (the weights of a dropped
         adapter are freed at once), else from its next admission."""
-        core = self.core
+        core, adapters = self.core, list(self.model.adapters)
+        inputs = core.runner.lora_inputs(adapters)  # built here, so the loop thread only swaps them in
         with core._cond:  # held: the loop thread cannot start a step
             if not core.has_work() and core.step_started is None:
-                core.runner.set_adapters(self.model.adapters)
+                core.runner.set_adapters(adapters, inputs)
                 return
-        core.runner.stage_adapters(self.model.adapters)
+        core.runner.stage_adapters(adapters, inputs)
 
     def _adapter_key(self, adapter: str, params: SamplingParams) -> str:
         """What the sequence runs with (engine/lora.py adapter_key): ``lora_scale`` is the request's

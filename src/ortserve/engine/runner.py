@@ -150,7 +150,7 @@ class Runner:
         self.row_adapter = np.zeros(slots, dtype=np.int64)  # each row's adapter index
         self.row_scale = np.ones(slots, dtype=np.float64)  # and its per-request scale multiplier
         self._lora: LoraInputs | None = None
-        self._staged: list[Adapter] | None = None  # a new adapter set, taken by the loop thread
+        self._staged: tuple[list[Adapter], LoraInputs | None] | None = None  # a new set, for the loop thread
         if lora:
             self.set_adapters([])
         # bytes one token takes in one row, keys and values of every layer
@@ -208,28 +208,32 @@ class Runner:
         self.lengths[row] = 0
 
     # ---- LoRA adapters (engine/lora.py) -------------------------------------
-    def set_adapters(self, adapters: list[Adapter]) -> None:
-        """Serve exactly ``adapters`` from now on (the stacks are rebuilt; no new session).
-        Call it between steps: rows keep their adapter's name, so the caller re-marks running rows."""
+    def set_adapters(self, adapters: list[Adapter], inputs: LoraInputs | None = None) -> None:
+        """Serve exactly ``adapters`` from now on (their stacks: ``inputs`` when built beforehand by
+        ``lora_inputs``; no new session). Call it between steps; running rows keep their adapters."""
         if not self.lora_targets:
             raise ModelError("this runner was loaded without LoRA support (Runner(lora=True))")
-        self._lora = LoraInputs(self.lora_targets, adapters, self.lora_dtype, self.lora_mode)
+        self._lora = inputs or self.lora_inputs(adapters)
         names = {i: name for name, i in self.adapters.items()}  # rows keep their adapter across the change
         self.adapters = {"": 0} | {a.name: i for i, a in enumerate(adapters, start=1)}
         self.row_adapter[:] = [self.adapters.get(names.get(int(i), ""), 0) for i in self.row_adapter]
         self._staged, self._bindings = None, {}
 
-    def stage_adapters(self, adapters: list[Adapter]) -> None:
+    def lora_inputs(self, adapters: list[Adapter]) -> LoraInputs:
+        """The stacks of ``adapters`` (numpy work: any thread, while the loop runs)."""
+        return LoraInputs(self.lora_targets, adapters, self.lora_dtype, self.lora_mode)
+
+    def stage_adapters(self, adapters: list[Adapter], inputs: LoraInputs | None = None) -> None:
         """From another thread: ``adapters`` become the set at the next admission (running rows keep
         their adapters: set_adapters re-marks them)."""
-        self._staged = list(adapters)
+        self._staged = (list(adapters), inputs)
 
     def use_adapter(self, row: int, adapter: str) -> None:
         """Run ``row`` with ``adapter``, a key of engine/lora.py ``adapter_key`` ("" for the base, or an
         adapter's name with its per-request scale); KeyError when it is not loaded."""
         if self._staged is not None:
             staged, self._staged = self._staged, None
-            self.set_adapters(staged)
+            self.set_adapters(*staged)
         name, scale = split_key(adapter)
         if name and not self.lora_targets:
             raise KeyError(adapter)
