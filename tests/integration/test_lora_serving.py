@@ -189,6 +189,18 @@ def test_lora_scale_over_http(lora: SimpleNamespace, lora_half: Path, tiny_model
                                          extra_body={"lora_scale": 0.0}).choices[0].text
         base = client.completions.create(model="tiny", prompt="Hello", max_tokens=4, temperature=0).choices[0].text
         assert text == base  # scale 0: the base model
+        import anthropic
+
+        out = client.responses.create(model="tiny:my-adapter", input="Say hi", max_output_tokens=8, temperature=0,
+                                      extra_body={"lora_scale": 0.5})
+        assert out.output_text == want_half
+        claude = anthropic.Anthropic(base_url=srv.url, api_key="none")
+        said = claude.messages.create(model="tiny:my-adapter", max_tokens=8, messages=msg,  # type: ignore[arg-type]
+                                      extra_body={"lora_scale": 0.5, "temperature": 0})
+        assert said.content[0].text == want_half
+        r = httpx.post(f"{srv.url}/v1/messages", timeout=60, json={
+            "model": "tiny", "max_tokens": 2, "messages": msg, "lora_scale": 0.5})
+        assert r.status_code == 400 and "lora_scale" in r.json()["error"]["message"], r.text
         for body, needle in [({"model": "tiny", "lora_scale": 0.5}, "base model"),
                              ({"model": "my-adapter", "lora_scale": "half"}, "lora_scale"),
                              ({"model": "my-adapter", "lora_scale": 11}, "between -10 and 10"),

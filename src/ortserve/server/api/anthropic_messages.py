@@ -71,6 +71,7 @@ class MessagesRequest(_Contract):
     context_management: dict[str, Any] | None = None
     # effort: the served models have no effort control (docs/agents.md); format: JSON output
     output_config: dict[str, Any] | None = None
+    lora_scale: float | None = Field(None, strict=True)  # ortserve extension: a LoRA adapter's scale (docs/lora.md)
     IGNORED: ClassVar[frozenset[str]] = frozenset({"service_tier"})
     REFUSED: ClassVar[dict[str, str]] = {"container": "code execution containers are not supported",
                                          "mcp_servers": "MCP servers are not supported"}
@@ -196,7 +197,7 @@ def turn_of(body: MessagesRequest) -> ChatTurn:
         choice, parallel = None, None  # Anthropic allows tool_choice without tools; it means nothing then
     return ChatTurn(messages=messages_of(body), model=body.model, max_tokens=body.max_tokens,
                     sampling={"temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k,
-                              "stop": body.stop_sequences},
+                              "stop": body.stop_sequences, "lora_scale": body.lora_scale},
                     tools=tools, tool_choice=choice, parallel_tool_calls=parallel,
                     response_format=format_of(body.output_config), max_tokens_is_ceiling=True,
                     names={"stop": "stop_sequences", "response_format": "output_config.format"})

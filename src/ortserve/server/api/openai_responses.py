@@ -65,6 +65,7 @@ class ResponsesRequest(_Contract):
     reasoning: dict[str, Any] | None = None
     truncation: Literal["disabled"] | None = None
     keep_alive: float | str | None = None  # ortserve extension, as on chat completions
+    lora_scale: float | None = Field(None, strict=True)  # ortserve extension: a LoRA adapter's scale (docs/lora.md)
     # client_metadata: a client's own ids (Codex sends its thread and installation ids); no local meaning
     IGNORED: ClassVar[frozenset[str]] = OPENAI_IGNORED | {"prompt_cache_retention", "client_metadata"}
     REFUSED: ClassVar[dict[str, str]] = {
@@ -191,7 +192,7 @@ def turn_of(body: ResponsesRequest, history: list[dict[str, Any]]) -> ChatTurn:
             raise InvalidRequest(f"'include' value {v!r} is not supported", param="include")
     system = [{"role": "system", "content": body.instructions}] if body.instructions else []
     return ChatTurn(messages=system + history + messages_of(body.input), model=body.model,
-                    sampling={"temperature": body.temperature, "top_p": body.top_p},
+                    sampling={"temperature": body.temperature, "top_p": body.top_p, "lora_scale": body.lora_scale},
                     max_tokens=body.max_output_tokens, tools=tools_of(body.tools),
                     tool_choice=choice_of(body.tool_choice), parallel_tool_calls=body.parallel_tool_calls,
                     response_format=format_of(body.text), keep_alive=body.keep_alive,
