@@ -218,7 +218,7 @@ def test_openai_client_picks_the_adapter_by_model_name(lora: SimpleNamespace, ti
         assert sorted(ps[0]["adapters"]) == ["my-adapter", "other"]
         shown = subprocess.run([sys.executable, "-m", "ortserve.cli.main", "ps", "--url", srv.url],
                                capture_output=True, text=True, timeout=60, check=False)
-        assert "ADAPTERS" in shown.stdout and "my-adapter, other" in shown.stdout, shown.stderr
+        assert "ADAPTERS" in shown.stdout and "my-adapter (in 5 min), other (in 5 min)" in shown.stdout, shown.stderr
         with pytest.raises(openai.NotFoundError) as err:
             ask("tiny:no-such-adapter")
         assert err.value.body["param"] == "model"

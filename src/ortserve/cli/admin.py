@@ -52,6 +52,16 @@ def _ago(seconds: float | None) -> str:
     return f"{seconds / 60:.0f} min"
 
 
+def _adapters(m: dict[str, Any]) -> str:
+    """The LoRA adapters a model serves, each with when keep_alive drops it (docs/lora.md)."""
+    expires = m.get("adapters_expire_in") or {}
+    out = []
+    for name in m.get("adapters") or []:
+        left = expires.get(name)
+        out.append(f"{name} (in {_ago(left)})" if left is not None else name)
+    return ", ".join(out) or "-"
+
+
 @click.command("ps")
 @server_options
 def ps_command(url: str | None, api_key: str | None, as_json: bool) -> None:
@@ -65,7 +75,7 @@ def ps_command(url: str | None, api_key: str | None, as_json: bool) -> None:
         name = m["model"] + (" (pinned)" if m["pinned"] else "")
         rows.append((name, m["kind"], m["state"], f"{m['memory_bytes'] / MB:.0f} MB", str(m["requests"]),
                      _ago(m["idle_seconds"]), "never" if m["keep_alive"] < 0 else _ago(m["expires_in"]),
-                     ", ".join(m.get("adapters") or []) or "-"))  # LoRA adapters served on it (docs/lora.md)
+                     _adapters(m)))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         click.echo("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
