@@ -38,7 +38,7 @@ class Sequence:
     reason: str | None = None       # its finish reason, once finished
     logprobs: list[tuple[int, float, list[tuple[int, float]]]] = field(default_factory=list)  # not yet emitted
     guide: Guide | None = None      # grammar state when the output is constrained (engine/guidance.py)
-    adapter: str = ""               # the LoRA adapter it runs with (engine/lora.py); "" = the base model
+    adapter: str = ""               # the LoRA adapter it runs with, and its scale (engine/lora.py adapter_key); "" = the base
     draft: Drafter | None = None    # its prompt-lookup guesses, once it speculated (engine/speculate.py)
 
     def __post_init__(self) -> None:
