@@ -149,6 +149,12 @@ def test_the_server_reports_draft_guesses_per_request_and_in_metrics(tiny_model:
         ui = httpx.get(f"{srv.url}/ui/stats").json()["speculative"]["draft"]
         assert ui["model"] == tiny_model.name and ui["accepted"] == value[
             "ortserve_speculative_draft_accepted_tokens_total"]
+        ps = httpx.get(f"{srv.url}/v1/admin/ps").json()["models"]
+        row = next(m for m in ps if m["kind"] == "chat")
+        assert row["draft"] == tiny_model.name  # `ortserve ps` shows it, and its weights are counted
+        from ortserve.server.memory import weights_bytes
+
+        assert row["memory_bytes"] > 2 * weights_bytes(tiny_model), row  # the target, its KV, the draft
 
 
 def test_a_bad_draft_model_is_a_clear_error_at_serve(tiny_model: Path, tmp_path: Path) -> None:

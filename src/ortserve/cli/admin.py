@@ -72,7 +72,7 @@ def ps_command(url: str | None, api_key: str | None, as_json: bool) -> None:
         return
     rows = [("MODEL", "KIND", "STATE", "MEMORY", "REQUESTS", "IDLE", "UNLOADS IN", "ADAPTERS")]
     for m in data["models"]:
-        name = m["model"] + (" (pinned)" if m["pinned"] else "")
+        name = m["model"] + (" (pinned)" if m["pinned"] else "") + (f" + draft {m['draft']}" if m.get("draft") else "")
         rows.append((name, m["kind"], m["state"], f"{m['memory_bytes'] / MB:.0f} MB", str(m["requests"]),
                      _ago(m["idle_seconds"]), "never" if m["keep_alive"] < 0 else _ago(m["expires_in"]),
                      _adapters(m)))

@@ -37,7 +37,7 @@ from ortserve.server.memory import (
     weights_bytes,
 )
 from ortserve.server.model_names import GENERIC_NAMES, catalog_aliases, resolve_store_model
-from ortserve.server.ps import ps_rows
+from ortserve.server.ps import draft_of_engine, ps_rows
 from ortserve.server.slots import External, Slot, parse_keep_alive
 
 # the names other modules and tests import from here
@@ -228,9 +228,10 @@ class ModelManager:
 
     def _measure(self, slot: Slot) -> None:
         """Once loaded, an engine's real KV cap replaces the estimate (the pinned model's may be larger)."""
-        kv = getattr(slot.obj, "kv_budget", None)
+        kv = getattr(slot.obj, "kv_budget", None)  # the draft model's KV row is inside it
         if isinstance(kv, int) and kv > 0:
-            slot.planned_bytes = weights_bytes(slot.dir) + kv
+            draft = draft_of_engine(slot.obj)
+            slot.planned_bytes = weights_bytes(slot.dir) + kv + (weights_bytes(draft.dir) if draft else 0)
 
     def _forget(self, slot: Slot, error: str) -> None:
         slot.error = error

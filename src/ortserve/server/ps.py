@@ -6,6 +6,11 @@ import time
 from typing import Any
 
 
+def draft_of_engine(engine: Any) -> Any:
+    """The draft model (engine/draft.py) an engine speculates with, or None."""
+    return getattr(getattr(engine, "model", None), "draft", None)
+
+
 def ps_rows(manager: Any) -> list[dict[str, Any]]:
     """One row per loaded (or loading) model: what `ortserve ps` and /v1/admin/ps show."""
     now = time.monotonic()
@@ -23,5 +28,6 @@ def ps_rows(manager: Any) -> list[dict[str, Any]]:
                      "running": getattr(st, "running", 0), "waiting": getattr(st, "waiting", 0),
                      "device": getattr(s.obj, "device", None), "path": str(s.dir),
                      "adapters": list(getattr(s.obj, "adapter_names", [])),
+                     "draft": draft.id if (draft := draft_of_engine(s.obj)) is not None else None,
                      "adapters_expire_in": manager.adapter_use.expires_in(manager, s, now)})
     return rows
