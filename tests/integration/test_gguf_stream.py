@@ -208,7 +208,7 @@ def test_unsupported_architecture_is_refused_in_seconds(tmp_path: Path) -> None:
     def streamed(path: Path) -> None:
         import_gguf_streamed(path, tmp_path / "out")
 
-    for arch, where, call in (("falcon", "hint", models_import), ("gemma2", "message", streamed)):
+    for arch, where, call in (("falcon", "hint", models_import), ("lfm2", "message", streamed)):
         path = write(tmp_path / f"{arch}.gguf", arch, dict.fromkeys(MATS, "Q4_0"), embd="F16")
         t0 = time.monotonic()
         with pytest.raises(ModelError) as err:

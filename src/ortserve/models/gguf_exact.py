@@ -30,12 +30,14 @@ import numpy as np
 from ortserve.errors import ModelError
 from ortserve.models import convert
 from ortserve.models.gguf_check import logit_check, logits, with_accuracy_level
+from ortserve.models.gguf_families import FAMILY_ARCHITECTURES
 from ortserve.models.gguf_reader import (
     FLOAT_TYPES,
     ExactForm,
     GGUFWeights,
     UnsupportedBlockType,
     concat_rows,
+    count_types,
     exact_precision,
     pack_codes,
     preflight,
@@ -343,6 +345,9 @@ def import_gguf_exact(gguf_path: Path, out_dir: Path, work_dir: Path, *, hf_dir:
     """
     say = progress or (lambda _m: None)
     weights = preflight(Path(gguf_path))
+    if weights.arch in FAMILY_ARCHITECTURES:
+        raise ModelError(f"{Path(gguf_path).name}: {weights.arch} is imported exactly by the streamed path only "
+                         f"(gguf_fast.import_gguf_streamed); this path patches llama, mistral, qwen2 and qwen3")
     hf = hf_dir or convert.gguf_to_hf(Path(gguf_path), work_dir / "hf", progress)
     convert.build_onnx(hf, out_dir, precision="int4", progress=progress)
     say("replacing re-quantized weights with the GGUF blocks")
@@ -352,10 +357,7 @@ def import_gguf_exact(gguf_path: Path, out_dir: Path, work_dir: Path, *, hf_dir:
     if check["fp32_compute"] > LOGIT_TOL:
         raise ModelError(f"exactness check failed: logits differ from the fp32 reference by "
                          f"{check['fp32_compute']:.3g} (relative; tolerance {LOGIT_TOL:g})")
-    types: dict[str, int] = {}
-    for n in nodes:
-        for t in n["gguf"]:
-            types[t] = types.get(t, 0) + 1
+    types = count_types(nodes)
     say(f"exact: max weight error {max(n['weight_error'] for n in nodes):.2g}, "
         f"logits {check['fp32_compute']:.2g} (fp32 compute), {check['shipped']:.2g} as shipped")
     return {"method": "gguf-exact", "graph_version": GRAPH_VERSION, "gguf_types": types, "nodes": len(nodes),

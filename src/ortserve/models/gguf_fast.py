@@ -23,8 +23,9 @@ from typing import Any
 import numpy as np
 
 from ortserve.errors import ModelError
-from ortserve.models.gguf_graph import STREAM_ARCHITECTURES, GraphWriter, Spec
-from ortserve.models.gguf_reader import GGUFWeights, _field, preflight
+from ortserve.models.gguf_families import FAMILY_ARCHITECTURES, genai_type, refuse_unsupported, writer_for
+from ortserve.models.gguf_graph import STREAM_ARCHITECTURES, Spec
+from ortserve.models.gguf_reader import GGUFWeights, _field, count_types, preflight
 from ortserve.models.gguf_stream import DataFile
 
 Progress = Callable[[str], None]
@@ -51,7 +52,10 @@ STREAM_MIN_BYTES = 256 << 20
 
 def streamable(weights: GGUFWeights) -> bool:
     """Whether this file takes the streamed path: its architecture's graph is written here, and
-    the file is large enough (``STREAM_MIN_BYTES``) that the transformers path's memory matters."""
+    the file is large enough (``STREAM_MIN_BYTES``) that the transformers path's memory matters.
+    phi3 and gemma2/3 take it at any size: the builder-patching exact path does not map them."""
+    if weights.arch in FAMILY_ARCHITECTURES:
+        return True
     return weights.arch in STREAM_ARCHITECTURES and weights.path.stat().st_size >= STREAM_MIN_BYTES
 
 
@@ -71,7 +75,7 @@ def genai_config(spec: Spec, weights: GGUFWeights) -> dict[str, Any]:
             "num_attention_heads": spec.heads, "num_hidden_layers": spec.layers,
             "num_key_value_heads": spec.kv_heads},
         "eos_token_id": eos, "pad_token_id": int(_field(r, "tokenizer.ggml.padding_token_id", eos)),
-        "type": spec.arch, "vocab_size": spec.vocab},
+        "type": genai_type(spec.arch), "vocab_size": spec.vocab},
         "search": {"diversity_penalty": 0.0, "do_sample": False, "early_stopping": True, "length_penalty": 1.0,
                    "max_length": spec.context, "min_length": 0, "no_repeat_ngram_size": 0, "num_beams": 1,
                    "num_return_sequences": 1, "past_present_share_buffer": True, "repetition_penalty": 1.0,
@@ -114,11 +118,12 @@ def import_gguf_streamed(gguf_path: Path, out_dir: Path, *, progress: Progress |
     refuse_early(gguf_path)
     weights = preflight(gguf_path)
     spec = Spec.of(weights, weights.reader)
+    refuse_unsupported(weights, spec)   # a family variant this graph does not write: before any output
     out_dir.mkdir(parents=True, exist_ok=True)
     say(f"writing the {spec.layers}-layer graph and streaming the GGUF blocks")
     data = DataFile(out_dir / "model.onnx.data")
     try:
-        writer = GraphWriter(weights, spec, data)
+        writer = writer_for(spec.arch)(weights, spec, data)
         model = writer.build()
     finally:
         data.close()
@@ -132,10 +137,7 @@ def import_gguf_streamed(gguf_path: Path, out_dir: Path, *, progress: Progress |
     write_tokenizer(gguf_path, out_dir)
     (out_dir / "genai_config.json").write_text(json.dumps(config, indent=4), encoding="utf-8")
     peak = smoke_logits(out_dir, spec) if smoke else None
-    types: dict[str, int] = {}
-    for n in report:
-        for t in n["gguf"]:
-            types[t] = types.get(t, 0) + 1
+    types = count_types(report)
     say(f"exact: {checks.tensors} tensors checked against gguf's dequantization, "
         f"max error {checks.max_error:.2g}; written in {t_graph:.1f}s")
     return {"method": "gguf-exact-streamed", "graph_version": GRAPH_VERSION, "gguf_types": types,

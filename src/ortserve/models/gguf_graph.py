@@ -30,8 +30,9 @@ from ortserve.models.gguf_stream import (
 )
 
 # GGUF architectures this graph writer covers: the Llama graph, plus q/k/v biases (qwen2)
-# and per-head q/k RMS norms (qwen3) where the file has those tensors.
-STREAM_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+# and per-head q/k RMS norms (qwen3) where the file has those tensors; phi3 and gemma2/3 add
+# their parts through the hooks below (gguf_families.FamilyWriter).
+STREAM_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3")
 ACCURACY_LEVEL = 4      # int8 activations: MatMulNBits' fast CPU path (see docs/gguf.md)
 
 
@@ -93,6 +94,7 @@ class GraphWriter:
         self.blocksums: dict[tuple[str, int], str] = {}
         self.indicators: dict[tuple[int, int], str] = {}
         self.report: list[dict[str, Any]] = []
+        self.cos_sin: tuple[str, ...] = ()
 
     # ---- primitives -----------------------------------------------------------------
     def node(self, op: str, inputs: list[str], name: str, n_out: int = 1, **attrs: Any) -> list[str]:
@@ -100,7 +102,7 @@ class GraphWriter:
 
         outs = [f"{name}/output_{i}" for i in range(n_out)]
         domain = "com.microsoft" if op in ("GroupQueryAttention", "SkipSimplifiedLayerNormalization",
-                                           "MatMulNBits", "GatherBlockQuantized") else ""
+                                           "MatMulNBits", "GatherBlockQuantized", "FastGelu") else ""
         self.nodes.append(helper.make_node(op, inputs, outs, name=name, domain=domain, **attrs))
         return outs
 
@@ -152,7 +154,8 @@ class GraphWriter:
         self.nodes[-1].output[0] = f"{name}/MatMul/output_0"
         return self.nodes[-1].output[0], nw
 
-    def attention(self, i: int, x: str, seqlens: str, total: str, cos: str, sin: str) -> str:
+    def qkv(self, i: int, x: str) -> list[str]:
+        """GroupQueryAttention's query/key/value inputs (packed q/k/v with "" "" when fused)."""
         p, a, s = f"blk.{i}", f"/model/layers.{i}/attn", self.spec
         qkv = tuple(f"{p}.attn_{t}.weight" for t in "qkv")
         biases = [f"{p}.attn_{t}.bias" for t in "qkv"]
@@ -176,13 +179,43 @@ class GraphWriter:
                                    f"{a}/{t}_proj/gguf_bias")[0] for y, t, b in zip(q_k_v, "qkv", biases)]
         if qk_norm:
             q_k_v[:2] = [self.head_norm(y, f"{p}.attn_{t}_norm.weight", f"{a}/{t}_norm") for y, t in zip(q_k_v, "qk")]
+        return list(q_k_v)
+
+    def attention(self, i: int, x: str, seqlens: str, total: str) -> str:
+        p, a, s = f"blk.{i}", f"/model/layers.{i}/attn", self.spec
         out = self.node("GroupQueryAttention",
-                        [*q_k_v, f"past_key_values.{i}.key", f"past_key_values.{i}.value", seqlens, total, cos, sin],
+                        [*self.qkv(i, x), f"past_key_values.{i}.key", f"past_key_values.{i}.value", seqlens, total,
+                         *self.caches(i)],
                         f"{a}/GroupQueryAttention", n_out=3, num_heads=s.heads,
-                        kv_num_heads=s.kv_heads, scale=1.0 / math.sqrt(s.head_dim), local_window_size=-1,
-                        softcap=0.0, do_rotary=1, rotary_interleaved=0)
+                        kv_num_heads=s.kv_heads, do_rotary=1, rotary_interleaved=0, **self.gqa_attrs(i))
         self.nodes[-1].output[1:] = [f"present.{i}.key", f"present.{i}.value"]
         return self.linear(out[0], (f"{p}.attn_output.weight",), f"{a}/o_proj")[0]
+
+    # ---- hooks a family overrides (gguf_families.FamilyWriter) ------------------------------
+    def gqa_attrs(self, i: int) -> dict[str, Any]:
+        return {"scale": 1.0 / math.sqrt(self.spec.head_dim), "local_window_size": -1, "softcap": 0.0}
+
+    def rotary(self) -> None:
+        w = self.w
+        factors = vector(w, "rope_freqs.weight") if "rope_freqs.weight" in w.tensors else None
+        caches = rotary_caches(self.spec, factors)
+        self.cos_sin = tuple(self.init(n, a) for n, a in zip(("cos_cache", "sin_cache"), caches))
+
+    def caches(self, i: int) -> tuple[str, ...]:
+        return self.cos_sin
+
+    def activation(self, gate: str, m: str) -> str:
+        sig = self.node("Sigmoid", [gate], f"{m}/act_fn/Sigmoid")[0]
+        return self.node("Mul", [gate, sig], f"{m}/act_fn/Mul")[0]
+
+    def scale_embedding(self, x: str) -> str:
+        return x
+
+    def post_norm(self, i: int, kind: str, x: str) -> str:
+        return x
+
+    def final_logits(self, logits: str) -> str:
+        return logits
 
     def head_norm(self, x: str, gguf_name: str, name: str) -> str:
         """RMS norm over each head's vector (qwen3's q_norm/k_norm): [B, S, H*D] -> same."""
@@ -205,9 +238,7 @@ class GraphWriter:
         else:
             gate = self.linear(x, gate_up[:1], f"{m}/gate_proj")[0]
             up = self.linear(x, gate_up[1:], f"{m}/up_proj")[0]
-        sig = self.node("Sigmoid", [gate], f"{m}/act_fn/Sigmoid")[0]
-        act = self.node("Mul", [gate, sig], f"{m}/act_fn/Mul")[0]
-        h = self.node("Mul", [act, up], f"{m}/Mul")[0]
+        h = self.node("Mul", [self.activation(gate, m), up], f"{m}/Mul")[0]
         return self.linear(h, (f"{p}.ffn_down.weight",), f"{m}/down_proj")[0]
 
     def norm(self, name: str, gguf_name: str, x: str, skip: str | None) -> tuple[str, str]:
@@ -268,26 +299,25 @@ class GraphWriter:
         """The decoder graph (ModelProto without weight data; the data is already written)."""
         from onnx import helper
 
-        s, w = self.spec, self.w
-        factors = vector(w, "rope_freqs.weight") if "rope_freqs.weight" in w.tensors else None
-        cos, sin = (self.init(n, a) for n, a in zip(("cos_cache", "sin_cache"), rotary_caches(s, factors)))
+        s = self.spec
+        self.rotary()
         seqlens, total = self.mask_inputs()
         head_names = ("output.weight",) if not s.tied else ("token_embd.weight",)
         # the LM head is written first so a tied embedding can share its blocks
         head_x = "/model/layers.final/final_norm/output_0"
         logits_src, head = self.linear(head_x, head_names, "/lm_head", keep_offset_rows=s.tied)
         head_nodes, self.nodes = self.nodes, []
-        x = self.embedding(head)
+        x = self.scale_embedding(self.embedding(head))
         skip = None
         for i in range(s.layers):
             h, skip = self.norm(f"/model/layers.{i}/input_layernorm", f"blk.{i}.attn_norm.weight", x, skip)
-            x = self.attention(i, h, seqlens, total, cos, sin)
+            x = self.post_norm(i, "attn", self.attention(i, h, seqlens, total))
             h, skip = self.norm(f"/model/layers.{i}/post_attention_layernorm", f"blk.{i}.ffn_norm.weight", x, skip)
-            x = self.mlp(i, h)
+            x = self.post_norm(i, "ffn", self.mlp(i, h))
         final, _ = self.norm("/model/layers.final/final_norm", "output_norm.weight", x, skip)
         self.rename(final, head_x)
         self.nodes += head_nodes
-        self.rename(logits_src, "logits")
+        self.rename(self.final_logits(logits_src), "logits")
         return helper.make_model(self.graph(), opset_imports=[helper.make_opsetid("", 21),
                                                               helper.make_opsetid("com.microsoft", 1)],
                                  ir_version=10, producer_name="ortserve-gguf")

@@ -37,8 +37,10 @@ BLOCK_SIZES: dict[str, tuple[int, int]] = {
 SUPPORTED = tuple(BLOCK_SIZES)
 # Matrices the file keeps in float: they become plain fp32 MatMuls (exact, just larger).
 FLOAT_TYPES = ("F32", "F16", "BF16")
-# GGUF architectures whose builder graph names we map; True = llama.cpp permuted Q/K rows.
-ARCHITECTURES = {"llama": True, "mistral": True, "qwen2": False, "qwen3": False}
+# GGUF architectures with an exact import; True = llama.cpp permuted Q/K rows. phi3 and gemma2/3
+# are written by the streamed path only (gguf_fast.streamable, gguf_families).
+ARCHITECTURES = {"llama": True, "mistral": True, "qwen2": False, "qwen3": False,
+                 "phi3": False, "gemma2": False, "gemma3": False}
 
 
 class UnsupportedBlockType(ModelError):
@@ -284,6 +286,11 @@ def unsupported_tensors(weights: GGUFWeights) -> dict[str, str]:
             if qt not in SUPPORTED and qt not in FLOAT_TYPES:
                 out[name] = qt
     return out
+
+
+def count_types(nodes: list[dict[str, Any]]) -> dict[str, int]:
+    """GGML type -> how many times a node's report (``{"gguf": [types]}``) names it."""
+    return dict(Counter(t for n in nodes for t in n["gguf"]))
 
 
 def exact_precision(weights: GGUFWeights) -> str:
