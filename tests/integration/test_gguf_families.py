@@ -26,7 +26,8 @@ from tests.integration.test_gguf_stream import og_greedy
 
 from ortserve.errors import ModelError
 from ortserve.models.gguf_check import logits as onnx_logits
-from ortserve.models.gguf_fast import import_gguf_streamed
+from ortserve.models.gguf_fast import import_gguf_streamed, streamable
+from ortserve.models.gguf_reader import preflight
 
 Q = gguf.GGMLQuantizationType
 HIDDEN, FFN, LAYERS, CONTEXT = 256, 512, 2, 64
@@ -68,7 +69,7 @@ def write(path: Path, c: dict[str, Any]) -> Path:
     n_vocab = len(src.fields["tokenizer.ggml.tokens"].data)
     w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(LAYERS)
-    w.add_context_length(CONTEXT)
+    w.add_context_length(c.get("context", CONTEXT))
     w.add_embedding_length(HIDDEN)
     w.add_feed_forward_length(FFN)
     w.add_head_count(heads)
@@ -206,6 +207,7 @@ def dequantized(path: Path) -> dict[str, np.ndarray]:
 def test_family_import_matches_numpy_reference(tmp_path: Path, name: str) -> None:
     c = CASES[name]
     path = write(tmp_path / f"{name}.gguf", c)
+    assert streamable(preflight(path))   # ``models import`` takes this path at any file size
     report = import_gguf_streamed(path, tmp_path / "out")
     assert report["method"] == "gguf-exact-streamed" and report["max_weight_error"] <= 1e-6
     t = dequantized(path)
