@@ -333,7 +333,7 @@ class GraphWriter:
         from onnx import TensorProto, helper
 
         s = self.spec
-        kv = ["batch_size", s.kv_heads, None, s.head_dim]
+        kv: list[str | int | None] = ["batch_size", s.kv_heads, None, s.head_dim]
         inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch_size", "sequence_length"]),
                   helper.make_tensor_value_info("attention_mask", TensorProto.INT64,
                                                 ["batch_size", "total_sequence_length"])]
