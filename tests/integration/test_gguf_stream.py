@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 gguf = pytest.importorskip("gguf")
+onnx = pytest.importorskip("onnx")
 
 from tests.integration.test_gguf_exact import quantized_bytes
 
@@ -189,6 +190,10 @@ def test_streamed_import_matches_numpy_reference(tmp_path: Path, arch: str) -> N
     path = write(tmp_path / f"{arch}.gguf", arch, types, **opts)
     report = import_gguf_streamed(path, tmp_path / "out")
     assert report["method"] == "gguf-exact-streamed" and report["max_weight_error"] <= 1e-6
+    graph = onnx.load(str(tmp_path / "out" / "model.onnx"), load_external_data=False)
+    sums = [n for n in graph.graph.node if n.name.endswith(("/gguf_blocksum32", "/gguf_blocksum16"))]
+    assert all(n.op_type == "ReduceSum" for n in sums)   # block sums read no weights (docs/scale.md)
+    assert (len(sums) > 0) == (types["attn_q"] == "Q4_K")   # the minimum term is there exactly for Q4_K
     want_tokens, want_logits = reference_greedy(path)
     got_tokens = og_greedy(tmp_path / "out")
     got = first_logits(tmp_path / "out")

@@ -92,7 +92,7 @@ class GraphWriter:
         self.inits: list[Any] = []
         self.checks = Checks()
         self.blocksums: dict[tuple[str, int], str] = {}
-        self.indicators: dict[tuple[int, int], str] = {}
+        self.shared: dict[str, str] = {}
         self.report: list[dict[str, Any]] = []
         self.cos_sin: tuple[str, ...] = ()
 
@@ -116,18 +116,23 @@ class GraphWriter:
         self.inits.append(numpy_helper.from_array(array, name))
         return name
 
-    def indicator(self, k: int, group: int) -> str:
-        """0/1 [K, K/group]: x @ it sums x over each block (exact)."""
-        if (k, group) not in self.indicators:
-            eye = np.zeros((k, k // group), np.float32)
-            eye[np.arange(k), np.arange(k) // group] = 1.0
-            self.indicators[(k, group)] = self.init(f"gguf.blocksum_indicator.{k}x{k // group}", eye)
-        return self.indicators[(k, group)]
+    def shared_const(self, name: str, array: np.ndarray) -> str:
+        """A small constant that several nodes use, written once."""
+        if name not in self.shared:
+            self.shared[name] = self.const(name, array)
+        return self.shared[name]
 
     def blocksum(self, x: str, k: int, group: int) -> str:
+        """x [B, S, K] summed over each block of ``group`` -> [B, S, K/group]: a Reshape and a
+        ReduceSum, which read no weights (the 0/1 indicator MatMul read K*K/group*4 bytes a
+        step: 92 MB per token on the 1B Q4_K_M; docs/scale.md, "Where decode time goes")."""
         if (x, group) not in self.blocksums:
-            self.blocksums[(x, group)] = self.node("MatMul", [x, self.indicator(k, group)],
-                                                   f"{x}/gguf_blocksum{group}")[0]
+            shape = self.shared_const(f"gguf.blocksum_shape.{k // group}x{group}",
+                                      np.array([0, 0, k // group, group], np.int64))
+            axis = self.shared_const("gguf.blocksum_axis", np.array([-1], np.int64))
+            blocks = self.node("Reshape", [x, shape], f"{x}/gguf_blocksum{group}/Reshape")[0]
+            self.blocksums[(x, group)] = self.node("ReduceSum", [blocks, axis], f"{x}/gguf_blocksum{group}",
+                                                   keepdims=0)[0]
         return self.blocksums[(x, group)]
 
     # ---- layers ----------------------------------------------------------------------

@@ -22,11 +22,16 @@ def heldout_text() -> str:
     return resources.files("ortserve").joinpath("data/heldout.txt").read_text(encoding="utf-8")
 
 
-def _log_softmax_pick(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
-    logits = logits.astype(np.float64)
-    m = logits.max(-1, keepdims=True)
-    lse = m[:, 0] + np.log(np.exp(logits - m).sum(-1))
-    return logits[np.arange(len(targets)), targets] - lse
+def _log_softmax_pick(logits: np.ndarray, targets: np.ndarray, rows: int = 32) -> np.ndarray:
+    """log softmax(logits)[targets] per position, in float64, ``rows`` positions at a time: a
+    whole 512-token window of a 128k vocabulary is 0.5 GB per float64 temporary (issue 31)."""
+    out = np.empty(len(targets), np.float64)
+    for a in range(0, len(targets), rows):
+        x = logits[a:a + rows].astype(np.float64)
+        m = x.max(-1, keepdims=True)
+        lse = m[:, 0] + np.log(np.exp(x - m).sum(-1))
+        out[a:a + rows] = x[np.arange(len(x)), targets[a:a + rows]] - lse
+    return out
 
 
 def token_logprobs(model_dir: Path, ids: list[int], window: int = 512) -> np.ndarray:
@@ -39,6 +44,7 @@ def token_logprobs(model_dir: Path, ids: list[int], window: int = 512) -> np.nda
         raise ModelError(f"{model_dir} has no {onnx_path.name}")
     so = ort.SessionOptions()
     so.log_severity_level = 3
+    so.enable_cpu_mem_arena = False   # a window's activations go back to the system, not to an arena
     sess = ort.InferenceSession(str(onnx_path), so, providers=["CPUExecutionProvider"])
     kv_names = [i.name for i in sess.get_inputs() if i.name.startswith("past_key_values")]
     kv_type = next(i.type for i in sess.get_inputs() if i.name.startswith("past_key_values"))
