@@ -136,7 +136,7 @@ def kernel_kind(node: Any | None, op: str) -> str:
     if node is None:
         return op
     if "gguf_blocksum" in node.name:
-        return "min term: block sums (MatMul x @ 0/1)"
+        return "min term: block sums"
     if node.name.endswith("/gguf_min"):
         return "min term: offsets MatMul"
     if node.name.endswith("/gguf_add"):
