@@ -6,10 +6,12 @@
 Three parts, all on the same file:
 
 * ``bytes_per_token``: from the ONNX graph, the initializer bytes one decode step reads, node by
-  node (MatMulNBits codes + scales, the minimum term's offsets and the block-sum indicator
-  it multiplies by, the LM head; the embedding reads one row), grouped by the GGUF type of the
-  node's tensors (Q4_K, Q6_K, ...) and by role (attn, ffn, lm_head), beside the GGUF file's
-  bytes for the same tensors, which is what llama.cpp reads (its blocks as they are).
+  node (MatMulNBits codes + scales, the minimum term's offsets and, in graphs before the
+  ReduceSum block sums, the 0/1 indicator it multiplied by; the LM head; the embedding reads
+  one row), grouped by the GGUF type of the node's tensors (Q4_K, Q6_K, ...) and by role (attn,
+  ffn, lm_head), beside the GGUF file's bytes for the same tensors, which is what llama.cpp
+  reads (its blocks as they are). ``mlas_packed_*``: what the kernels read after ONNX Runtime
+  prepacks MatMulNBits (one more fp32 per block: see the note in the output).
 * ``speed``: decode ms/token of ortserve's Runner (the serving path, greedy, ``--steps``
   tokens after a 16-token prompt) and of ``llama-bench -p 0 -n 128`` (tg128), interleaved for
   ``--rounds`` rounds, each turned into effective GB/s = bytes per token / seconds per token.
@@ -117,16 +119,22 @@ def bytes_per_token(onnx_path: Path, gguf_path: Path) -> dict[str, Any]:
         for g in out.values():
             g["ortserve_mb"] = sum(g[p] for p in parts)
             g["ortserve_vs_gguf"] = round(g["ortserve_mb"] / g["gguf_mb"], 3)
-            for k in ("gguf_mb", "ortserve_mb", *parts):
+            g["mlas_packed_mb"] = g["ortserve_mb"] + g["scales"] - g["blocksum_indicator"]
+            for k in ("gguf_mb", "ortserve_mb", "mlas_packed_mb", *parts):
                 g[k] = round(g[k], 2)
         return out
 
     ours = sum(r.get(p, 0) for r in rows for p in parts) + other
     theirs = sum(r["gguf_bytes"] for r in rows) + sum(
         v[1] for k, v in file.items() if k.endswith("norm.weight"))
+    packed = ours + sum(r["scales"] - r.get("blocksum_indicator", 0) for r in rows)
     return {"ortserve_bytes": ours, "llama_cpp_bytes": theirs, "ratio": round(ours / theirs, 3),
+            "mlas_packed_bytes": packed, "mlas_packed_ratio": round(packed / theirs, 3),
             "gguf_file_bytes": gguf_path.stat().st_size, "norms_and_other_bytes": other,
             "by_gguf_type": group("gguf_type"), "by_role": group("role"),
+            "mlas_packed_note": "what the kernels read: MLAS's int8-compute prepacking keeps an fp32 block sum "
+                                "(-scale x zero point) beside each fp32 scale, so codes + 2 x scales (+ the minimum "
+                                "term's offsets); the session's resident anonymous memory after load agrees",
             "note": "one decode step, short context: KV cache reads, the embedding row and cos/sin rows are "
                     "left out (KB); each block-sum indicator is counted once per node that reads it"}
 
