@@ -1,7 +1,7 @@
 """Where a decode step's time goes on a streamed GGUF import (issue 31), printed as JSON.
 
     PYTHONPATH=src .venv/bin/python benchmarks/decode_profile.py --gguf FILE.gguf --model IMPORTED_DIR
-        [--threads 2] [--rounds 3] [--steps 64] [--llama-bin DIR]
+        [--threads 2] [--rounds 3] [--steps 64] [--llama-bin DIR] [--no-speed] [--against OTHER_DIR]
 
 Three parts, all on the same file:
 
@@ -19,6 +19,8 @@ Three parts, all on the same file:
   ``--steps`` decode steps, kernel time summed by kind: MatMulNBits by bits/block and whether
   the node carries a minimum term, the minimum term's own nodes (block sums, offsets MatMul,
   Add), GroupQueryAttention, the LM head, the rest by op type.
+* ``a_b`` (with ``--against``): decode ms/token of another import of the same file (an older
+  graph form) and of ``--model``, two Runners in one process, alternating round by round.
 """
 
 from __future__ import annotations
@@ -222,6 +224,19 @@ def profile(model: Path, threads: int, steps: int) -> dict[str, Any]:
                           "nodes_per_step": count[k] // steps} for k in sorted(us, key=lambda k: -us[k])}}
 
 
+def a_b(a: Path, b: Path, threads: int, rounds: int, steps: int) -> dict[str, Any]:
+    """Median decode ms/token of two model directories, two Runners in this process, alternating."""
+    ra, rb = runner_for(a, threads, profile=False), runner_for(b, threads, profile=False)
+    decode_ms(ra, 8), decode_ms(rb, 8)   # warm-up
+    ms: dict[str, list[float]] = {"a": [], "b": []}
+    for _ in range(rounds):
+        ms["a"].append(decode_ms(ra, steps))
+        ms["b"].append(decode_ms(rb, steps))
+    med = {k: float(np.median(v)) for k, v in ms.items()}
+    return {"a": str(a), "b": str(b), "a_ms": [round(x, 2) for x in ms["a"]], "b_ms": [round(x, 2) for x in ms["b"]],
+            "b_speed_vs_a": round(med["a"] / med["b"], 3), "loadavg": os.getloadavg()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gguf", required=True)
@@ -232,6 +247,8 @@ def main() -> None:
     ap.add_argument("--llama-bin", default=os.environ.get("LLAMA_CPP_BIN",
                                                           str(Path.home() / ".cache/ortserve-test/llama.cpp/build/bin")))
     ap.add_argument("--no-speed", action="store_true", help="bytes and profile only")
+    ap.add_argument("--against", default=None, help="another import of the same file (e.g. an older graph): "
+                    "its decode ms/token, interleaved round by round with --model's (A/B)")
     args = ap.parse_args()
     gguf_path, model = Path(args.gguf), Path(args.model)
     spec = json.loads((model / "genai_config.json").read_text(encoding="utf-8"))["model"]["decoder"]
@@ -256,6 +273,8 @@ def main() -> None:
             "ortserve_effective_gb_s": round(b["ortserve_bytes"] / o / 1e6, 2),
             "llama_cpp_effective_gb_s": round(b["llama_cpp_bytes"] / t / 1e6, 2) if t else None,
             "read_bandwidth_gb_s": {f"{n}_threads": round(read_bandwidth(n), 2) for n in sorted({1, args.threads})}}
+    if args.against:
+        result["a_b"] = a_b(Path(args.against), model, args.threads, args.rounds, args.steps)
     result["profile"] = profile(model, args.threads, args.steps)
     result["loadavg_at_end"] = os.getloadavg()
     emit(result)
