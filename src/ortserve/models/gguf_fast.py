@@ -47,8 +47,8 @@ def refuse_early(gguf_path: Path) -> None:
 
 # Below this size the transformers path's 20x the file is affordable, and its graph (the ONNX
 # Runtime GenAI builder's) is the measured one: on the default 135M model its perplexity is the
-# fp32-compute reference's to 0.003%, the streamed graph's 0.09-0.19% above (int8 activation
-# rounding: it moved when its block sums became ReduceSum; docs/scale.md, "One model at 1B").
+# fp32-compute reference's to 0.003%, the streamed graph's 0.09-0.19% above: int8 activation
+# rounding noise (docs/gguf.md, "Where the 0.19% comes from"; 0.09% since its block sums are ReduceSum).
 STREAM_MIN_BYTES = 256 << 20
 
 
