@@ -51,17 +51,19 @@ def token_logprobs(model_dir: Path, ids: list[int], window: int = 512) -> np.nda
     dtype = np.float16 if "float16" in kv_type else np.float32
     kvh, hd = cfg["num_key_value_heads"], cfg["head_size"]
     out: list[np.ndarray] = []
+    feeds: dict[str, Any] = {}
+    logits = np.empty(0, np.float32)
     for start in range(0, len(ids) - 1, window):
         chunk = np.array([ids[start:start + window + 1]], dtype=np.int64)
         x = chunk[:, :-1]
-        feeds: dict[str, Any] = {"input_ids": x, "attention_mask": np.ones_like(x)}
+        feeds = {"input_ids": x, "attention_mask": np.ones_like(x)}
         for n in kv_names:
             feeds[n] = np.zeros((1, kvh, 0, hd), dtype=dtype)
         logits = sess.run(["logits"], feeds)[0][0]
         if logits.shape[0] != x.shape[1]:
             raise ModelError("perplexity needs per-position logits; this model prunes its LM head")
         out.append(_log_softmax_pick(logits, chunk[0, 1:]))
-    del sess, feeds, logits
+    del sess, feeds, logits   # the session and the last window's buffers, before the trim
     release_freed_memory()
     return np.concatenate(out)
 
