@@ -218,9 +218,12 @@ def tool_format_cmd(ref: str, name: str | None, as_json: bool) -> None:
     NAME is hermes, llama3_json, mistral, phi4 or gemma; "auto" goes back to detecting it
     (template, then vocabulary, then Hermes; docs/tools.md)."""
     store = _store()
-    variants = [store.get(ref)] if ":" in ref else [v for v in store.find(ref) if v.kind == "chat"]
+    variants = [store.get(ref)] if ":" in ref else store.find(ref)
     if not variants:
         store.get(ref)  # raises the not-installed error with its hint
+    for v in variants:
+        if v.kind != "chat":
+            raise click.UsageError(f"{v.id} is not a chat model ({v.kind}): only chat models call tools")
     if name is not None:
         variants = [_set_tool_format(v, name) for v in variants]
     out = {v.id: _tools_of(v) or {"tool_format": None, "source": "an unreadable tokenizer"} for v in variants}
@@ -263,7 +266,7 @@ def _format_name(name: str) -> str:
 
 def _set_tool_format(v: Any, name: str) -> Any:
     if v.kind != "chat":
-        raise click.UsageError(f"{v.id} is a {v.kind} model: only chat models call tools")
+        raise click.UsageError(f"{v.id} is not a chat model ({v.kind}): only chat models call tools")
     if v.link:
         raise click.UsageError(f"{v.id} was imported with --link: its manifest is not beside its files; "
                                "import it without --link to choose its tool format")
