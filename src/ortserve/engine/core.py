@@ -24,23 +24,23 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
-from ortserve.engine.guidance import Guidance, allocate_masks, apply_mask
+from ortserve.engine.guidance import Guidance, allocate_masks
 from ortserve.engine.heap import trim_heap, tune_heap  # noqa: F401 - server/run.py imports tune_heap here
 from ortserve.engine.loop import EngineCrash, EngineThread  # noqa: F401 - EngineCrash: importers
+from ortserve.engine.postprocess import Postprocess
 from ortserve.engine.prefix_cache import PrefixCache
 from ortserve.engine.runner import Runner
-from ortserve.engine.sampler import apply_penalties, sample, token_logprobs
 from ortserve.engine.scheduler import MIN_CHUNK, RECENT, Delegated, Reuse, Scheduler  # noqa: F401
 from ortserve.engine.sequence import Sequence
 from ortserve.engine.speculate import Speculation
-from ortserve.types import EngineStats, TokenEvent
+from ortserve.types import EngineStats
 
 log = logging.getLogger("ortserve.engine")
 
 IDLE_CAPACITY = 256  # tokens per row kept when idle; more is given back
 
 
-class EngineCore(Speculation, EngineThread):
+class EngineCore(Postprocess, Speculation, EngineThread):
     waiting, running, prefilling = Delegated(), Delegated(), Delegated()
     chunk_tokens, prefill_ratio, kv_budget, cache = Delegated(), Delegated(), Delegated(), Delegated()
     _step_times, _token_times = Delegated(), Delegated()
@@ -251,87 +251,6 @@ class EngineCore(Speculation, EngineThread):
         self._recent.append((now, n))
         while self._recent and now - self._recent[0][0] > 5.0:
             self._recent.popleft()
-
-    # ---- postprocess (per sequence) ---------------------------------------
-    def _postprocess(self, seq: Sequence, logits: np.ndarray, mask: np.ndarray | None = None) -> None:
-        """Everything one sequence does with its logits row; what raises here ends only this request."""
-        if seq.finished:
-            return
-        try:
-            self.check_fault(seq.id, "postprocess")
-            token = self.select(seq, logits, mask)
-            self._advance(seq, token)
-        except Exception as exc:
-            log.exception("request %s failed in postprocess", seq.id)
-            self._fail(seq, exc)
-
-    def select(self, seq: Sequence, logits: np.ndarray, mask: np.ndarray | None = None) -> int:
-        """Logits processors, then the grammar mask, then sampling: the token this sequence takes next."""
-        p = seq.params
-        raw = logits
-        if len(seq.output_ids) < p.min_tokens or p.ignore_eos:
-            logits = logits.copy()
-            logits[list(self.eos)] = -np.inf
-        elif p.edits_logits or seq.guide:
-            logits = logits.copy()
-        logits = apply_penalties(logits, p, seq.prompt_ids, seq.counts)
-        if seq.guide is not None:
-            if mask is None:  # after prefill: this row's mask alone
-                mask = self._one_mask[0]
-                seq.guide.compute_mask(mask)
-            apply_mask(logits, mask)
-            if not np.isfinite(logits).any():  # the grammar allows only the end (min_tokens gives way)
-                logits[next(iter(self.eos))] = 0.0
-        token = sample(logits, p, seq.rng)
-        if p.logprobs is not None and token not in self.eos:
-            seq.logprobs.append(token_logprobs(raw, token, p.logprobs))
-        return token
-
-    def _advance(self, seq: Sequence, token: int) -> None:
-        """Take ``token``: stream its text, or finish on EOS, a stop string, max_tokens or the context."""
-        if token in self.eos:
-            self._finish(seq, "stop")
-            return
-        if seq.guide is not None:
-            seq.guide.consume(token)
-        text = seq.accept(token)
-        self.total_output_tokens += 1
-        if seq.stop.stopped or (seq.guide is not None and seq.guide.stopped):
-            self._emit(seq, text)
-            # "length" when the guide closed the JSON early for max_tokens (engine/closing.py)
-            self._finish(seq, seq.guide.finish_reason if seq.guide is not None and seq.guide.stopped else "stop")
-        elif (len(seq.output_ids) >= seq.params.max_tokens
-              or len(seq.prompt_ids) + len(seq.output_ids) >= self.runner.spec.context_length):
-            self._emit(seq, text)
-            self._finish(seq, "length")
-        elif text:
-            self._emit(seq, text, [token])
-
-    def _emit(self, seq: Sequence, text: str, ids: list[int] | None = None) -> None:
-        seq.sink(TokenEvent(request_id=seq.id, text=text, token_ids=ids or [], logprobs=self._take_logprobs(seq)))
-
-    @staticmethod
-    def _take_logprobs(seq: Sequence) -> list[tuple[int, float, list[tuple[int, float]]]] | None:
-        if seq.params.logprobs is None:
-            return None
-        out, seq.logprobs = seq.logprobs, []
-        return out
-
-    def _finish(self, seq: Sequence, reason: str, error: str | None = None, code: str | None = None) -> None:
-        if seq.finished:
-            return
-        text = seq.tail() if reason in ("stop", "length") else ""
-        seq.finished = True
-        seq.reason = reason
-        self.faults.pop(seq.id, None)
-        seq.sink(TokenEvent(request_id=seq.id, text=text, finished=True, finish_reason=reason,
-                            metrics=seq.metrics(), error=error, error_code=code, logprobs=self._take_logprobs(seq),
-                            stop_sequence=seq.stop.matched if reason == "stop" else None))
-
-    def _fail(self, seq: Sequence, exc: BaseException) -> None:
-        self.failed_rows += 1
-        log.warning("request %s failed alone: %s: %s", seq.id, type(exc).__name__, exc)
-        self._finish(seq, "error", error=f"generation failed: {type(exc).__name__}: {exc}")
 
     # ---- retire -----------------------------------------------------------
     def _retire_finished(self) -> None:
