@@ -67,12 +67,12 @@ def new_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
-SPECIAL_MARKERS = ("[TOOL_CALLS]", "<|tool_call|>", "<|/tool_call|>")
+SPECIAL_MARKERS = ("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]", "<|tool_call|>", "<|/tool_call|>")
 
 
 def visible(marker: str) -> str:
     """A marker without its special tokens (``[TOOL_CALLS][`` -> ``[``), as a decoder that skips them shows it."""
-    return re.sub(r"\[TOOL_CALLS\]|<\|/?tool_call\|>", "", marker)
+    return re.sub(r"\[TOOL_CALLS\]|\[ARGS\]|\[CALL_ID\]|<\|/?tool_call\|>", "", marker)
 
 
 def _char_class(chars: str) -> str:
@@ -100,10 +100,12 @@ class ToolFormat:
     # markers that are one special token in this model's vocabulary, with its id (``bind``): the grammar
     # asks for the token the model was trained to write, not the marker spelled out in ordinary tokens
     specials: tuple[tuple[str, int], ...] = ()
+    name_first: bool = False       # calls are ``name`` + arguments, not a JSON object with a name (``read_head``)
 
     def bind(self, vocab: dict[str, int]) -> ToolFormat:
         """This format for a model whose special tokens are ``vocab`` (text -> id)."""
-        found = tuple((m, vocab[m]) for m in SPECIAL_MARKERS if m in vocab and m in self.prefix + self.suffix)
+        envelope = self.prefix + self.suffix + self.head_text("f") + self.tail_text()
+        found = tuple((m, vocab[m]) for m in SPECIAL_MARKERS if m in vocab and m in envelope)
         return replace(self, specials=found)
 
     # -- the grammar -----------------------------------------------------------------------------
@@ -113,25 +115,43 @@ class ToolFormat:
             return None
         chosen = tools if mode in ("auto", "required") else [t for t in tools if t.name == mode]
         many = parallel and mode in ("auto", "required")
-        body = "call" + (f" ({json.dumps(self.sep)} call){{0,{MAX_PARALLEL_CALLS - 1}}}" if many else "")
+        one = " ".join(x for x in (self._lit(self.sep), "call") if x)
+        body = "call" + (f" ({one}){{0,{MAX_PARALLEL_CALLS - 1}}}" if many else "")
         calls = " ".join(x for x in (self._lit(self.prefix), body, self._lit(self.suffix)) if x)
         lines = [f"calls: {calls}", "call: " + " | ".join(f"call_{i}" for i in range(len(chosen)))]
         for i, t in enumerate(chosen):
-            head = self.open + '{"name": ' + json.dumps(t.name) + f', "{self.key}": '
-            lines.append(f"call_{i}: {json.dumps(head)} args_{i} {json.dumps('}' + self.close)}")
+            rule = " ".join(x for x in (self._lit(self.head_text(t.name)), f"args_{i}", self._lit(self.tail_text())) if x)
+            lines.append(f"call_{i}: {rule}")
             # only the declared properties unless the schema says otherwise: a small model pads calls
             # with invented keys when JSON's default (extra keys allowed) is left open
             args = {"type": "object", "additionalProperties": False, **t.parameters}
             lines.append(f"args_{i}: {schema_lark(args)}")
         start = "start: TEXT | calls" if mode == "auto" else "start: calls"
-        # prose under auto must not begin like a call (nor like an accepted prefix)
+        return "\n".join([f"{TOOL_MARK} {self.name}", start, *lines, f"TEXT: /{self.prose()}/", ""])
+
+    def prose(self) -> str:
+        """The regex of prose under ``auto``: it must not begin like a call (nor like an accepted prefix)."""
         lead = self.open + "{"
         first = _char_class("".join((s + lead)[0] for s in (self.prefix, visible(self.prefix), *self.accept)))
-        return "\n".join([f"{TOOL_MARK} {self.name}", start, *lines, f"TEXT: /[^{first}][\\s\\S]*/", ""])
+        return f"[^{first}][\\s\\S]*"
 
     # -- text of calls and of the tools ------------------------------------------------------------
+    def read_head(self, buf: str) -> tuple[int, str, str] | bool:
+        """For a syntax whose calls start with the bare name (``name_first``, Mistral v11): the head
+        of a call at the start of ``buf`` as (its length, the name, a call id or ""), True while
+        ``buf`` may still become one, False when it cannot. The JSON envelopes never call it."""
+        return False
+
+    def head_text(self, name: str) -> str:
+        """A call's text before its arguments object."""
+        return self.open + '{"name": ' + json.dumps(name) + f', "{self.key}": '
+
+    def tail_text(self) -> str:
+        """A call's text after its arguments object."""
+        return "}" + self.close
+
     def call_text(self, name: str, arguments: str) -> str:
-        return self.open + '{"name": ' + json.dumps(name) + f', "{self.key}": ' + (arguments or "{}") + "}" + self.close
+        return self.head_text(name) + (arguments or "{}") + self.tail_text()
 
     def calls_text(self, calls: list[tuple[str, str]]) -> str:
         return self.prefix + self.sep.join(self.call_text(n, a) for n, a in calls) + self.suffix

@@ -80,7 +80,9 @@ class ToolCallParser:
 
     def _step(self, out: list[Delta]) -> None:
         buf, f = self._buf, self.fmt
-        if self._state == "start":
+        if f.name_first and self._state in ("start", "tail"):
+            self._named_head(buf, out)
+        elif self._state == "start":
             lead = f.open + "{"
             for s in self._starts:
                 if buf.startswith(s + lead):
@@ -103,8 +105,21 @@ class ToolCallParser:
         elif self._state == "tail":
             self._tail(buf)
 
-    def _start_call(self, name: str, out: list[Delta]) -> None:
-        call = ToolCall(self.fmt.new_call_id(), name)
+    def _named_head(self, buf: str, out: list[Delta]) -> None:
+        """``name[ARGS]{`` (Mistral v11): a call starts, or the text is prose (first), or more is needed."""
+        head = self.fmt.read_head(buf)
+        if head is False:
+            self._state = "text"  # prose; after a call, text that is not from our grammar, kept
+        elif head is not True:
+            n, name, call_id = head
+            self._start_call(name, out, call_id)
+            self._buf = buf[n:]
+            self._state, self._depth, self._in_str, self._esc = "args", 0, False, False
+
+    def _start_call(self, name: str, out: list[Delta], call_id: str = "") -> None:
+        # the model's own id ([CALL_ID]) where it wrote one that this answer has not used yet
+        fresh = call_id and all(c.id != call_id for c in self.calls)
+        call = ToolCall(call_id if fresh else self.fmt.new_call_id(), name)
         self.calls.append(call)
         first = Delta(index=len(self.calls) - 1, call=call)
         if any(c.name == call.name for c in self.calls[:-1]):

@@ -14,16 +14,19 @@ from ortserve.engine.formats.gemma import GEMMA
 from ortserve.engine.formats.hermes import HERMES
 from ortserve.engine.formats.llama3 import LLAMA3
 from ortserve.engine.formats.mistral import MISTRAL
+from ortserve.engine.formats.mistral_v11 import MISTRAL_V11
 from ortserve.engine.formats.phi4 import PHI4
 from ortserve.errors import InvalidRequest
 
-# Hermes first: a Llama-based Hermes template also mentions Llama's markers; Gemma last: its
-# marker is a turn marker, not a tool syntax.
-ORDER: tuple[ToolFormat, ...] = (HERMES, MISTRAL, PHI4, LLAMA3, GEMMA)
+# Hermes first: a Llama-based Hermes template also mentions Llama's markers; Mistral v11 before
+# Nemo's: both templates write [TOOL_CALLS], only v11's [ARGS]; Gemma last: its marker is a turn
+# marker, not a tool syntax.
+ORDER: tuple[ToolFormat, ...] = (HERMES, MISTRAL_V11, MISTRAL, PHI4, LLAMA3, GEMMA)
 FORMATS = {f.name: f for f in ORDER}
 FALLBACK = HERMES
-# special tokens that name a syntax even when a template does not
-TOKENS = {"[TOOL_CALLS]": MISTRAL, "<|tool_call|>": PHI4, "<|python_tag|>": LLAMA3, "<tool_call>": HERMES}
+# special tokens that name a syntax even when a template does not ([ARGS] first: a v11 vocabulary
+# has [TOOL_CALLS] too)
+TOKENS = {"[ARGS]": MISTRAL_V11, "[TOOL_CALLS]": MISTRAL, "<|tool_call|>": PHI4, "<|python_tag|>": LLAMA3, "<tool_call>": HERMES}
 
 
 def by_name(name: str, param: str = "tool_format") -> ToolFormat:
