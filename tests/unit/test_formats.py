@@ -50,6 +50,12 @@ FAMILIES = {
     "mistralai-Mistral-Nemo-Instruct-2407": ("mistral", ["[AVAILABLE_TOOLS]", "[TOOL_CALLS]", "[TOOL_RESULTS]",
                                                          '"name": "get_weather"']),
     "NousResearch-Hermes-3-Llama-3.1-8B-tool_use": ("hermes", ["<tools>", "<tool_call>", "<tool_response>"]),
+    "Mistral-Small-3.2-24B-Instruct-2506": ("mistral_v11", ["[AVAILABLE_TOOLS]", "[TOOL_CALLS]get_weather[CALL_ID]",
+                                                            '[ARGS]{"city": "Paris"}', "[TOOL_CONTENT]"]),
+    "unsloth-mistral-Devstral-Small-2507": ("mistral_v11", [
+        "[AVAILABLE_TOOLS]", '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}', '[TOOL_RESULTS]{"temp_c": 21}']),
+    "mistralai-Ministral-3-14B-Reasoning-2512": ("mistral_v11", [
+        "[AVAILABLE_TOOLS]", '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}', '[TOOL_RESULTS]{"temp_c": 21}']),
 }
 
 
@@ -86,6 +92,7 @@ def test_llama3_splits_parallel_calls_for_its_single_call_template() -> None:
 def test_detection_order_vocab_and_override() -> None:
     assert detect(None).name == "hermes"
     assert detect("{{ messages }}", ["[TOOL_CALLS]"]).name == "mistral"
+    assert detect("{{ messages }}", ["[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"]).name == "mistral_v11"
     assert detect("{{ messages }}", ["<|tool_call|>", "<|/tool_call|>"]).name == "phi4"
     assert detect("{{ messages }}", ["<|python_tag|>"]).name == "llama3_json"
     assert detect(template("Qwen-Qwen2.5-7B-Instruct"), override="gemma").name == "gemma"
@@ -98,6 +105,7 @@ CASES = {  # the exact text a model writes in each syntax for two calls, and the
               '<tool_call>\n{"name": "b", "arguments": {}}\n</tool_call>',
     "llama3_json": '{"name": "a", "parameters": {"x": "}{"}}; {"name": "b", "parameters": {}}',
     "mistral": '[TOOL_CALLS][{"name": "a", "arguments": {"x": "}{"}}, {"name": "b", "arguments": {}}]',
+    "mistral_v11": '[TOOL_CALLS]a[ARGS]{"x": "}{"}[TOOL_CALLS]b[ARGS]{}',
     "phi4": '<|tool_call|>[{"name": "a", "arguments": {"x": "}{"}}, {"name": "b", "arguments": {}}]<|/tool_call|>',
     "gemma": '```tool_code\n{"name": "a", "arguments": {"x": "}{"}}\n```\n```tool_code\n{"name": "b", '
              '"arguments": {}}\n```',
@@ -117,7 +125,7 @@ def test_each_syntax_parses_back_streamed_and_whole(name: str, piece: int) -> No
     for d in deltas:
         streamed[d.index] = streamed.get(d.index, "") + d.arguments
     assert streamed == {0: '{"x": "}{"}', 1: "{}"}
-    if name == "mistral":
+    if name in ("mistral", "mistral_v11"):
         assert all(len(c.id) == 9 and c.id.isalnum() for c in p.calls)
 
 
@@ -131,8 +139,10 @@ def test_prose_repeat_and_dropped_markers(name: str) -> None:
     rep.feed(fmt.calls_text([("a", '{"x": 1}'), ("a", '{"x": 1}')]))
     rep.finish()
     assert rep.repeated and [c.arguments for c in rep.calls] == ['{"x": 1}']
-    # a decoder that skips special tokens drops [TOOL_CALLS] / <|tool_call|>: the calls still parse
-    bare = CASES[name].replace("[TOOL_CALLS]", "").replace("<|tool_call|>", "").replace("<|/tool_call|>", "")
+    # a decoder that skips special tokens drops [TOOL_CALLS], [ARGS], <|tool_call|>: the calls still parse
+    bare = CASES[name]
+    for marker in ("[TOOL_CALLS]", "[ARGS]", "<|tool_call|>", "<|/tool_call|>"):
+        bare = bare.replace(marker, "")
     q = ToolCallParser(fmt)
     q.feed(bare), q.finish()
     assert [c.name for c in q.calls] == ["a", "b"]
@@ -160,3 +170,37 @@ def test_phi4_tools_go_into_the_system_turn() -> None:
     assert out.startswith('<|system|>You are a weather bot.<|tool|>[{"name": "get_weather"')
     assert '<|assistant|><|tool_call|>[{"name": "get_weather", "arguments": {"city": "Paris"}}]<|/tool_call|>' in out
     assert '<|user|><|tool_response|>{"temp_c": 21}<|/tool_response|><|end|><|assistant|>' in out
+
+
+@pytest.mark.parametrize("name", ["Mistral-Small-3.2-24B-Instruct-2506", "unsloth-mistral-Devstral-Small-2507",
+                                  "mistralai-Ministral-3-14B-Reasoning-2512"])
+def test_mistral_v11_round_trip_through_the_real_template(name: str) -> None:
+    """Two calls as a v11 model writes them (markers dropped by the decoder), read back into OpenAI
+    tool_calls, sent back with their results (one result keyed by a client id of another shape) and
+    rendered by the real template: the template writes the calls in the syntax the model wrote, each
+    result under its call's 9-character id (Small 3.2 writes the ids; the others have none)."""
+    c = codec(template(name))
+    fmt = c.tool_format
+    assert fmt.name == "mistral_v11"
+    p = ToolCallParser(fmt)
+    p.feed('get_weather{"city": "Paris"}get_weather{"city": "Oslo"}'), p.finish()
+    calls = [call.as_openai() for call in p.calls]
+    assert [json.loads(x["function"]["arguments"]) for x in calls] == [{"city": "Paris"}, {"city": "Oslo"}]
+    calls[1]["id"] = "call_0123456789abcdef01234567"  # a client may send back an id of its own
+    messages = [*CONVERSATION[:2], {"role": "assistant", "content": "", "tool_calls": calls},
+                {"role": "tool", "tool_call_id": calls[0]["id"], "content": "21 C"},
+                {"role": "tool", "tool_call_id": calls[1]["id"], "content": "9 C"}]
+    out = c.render_chat(messages, tools=parse_tools([WEATHER]))
+    written = [(x["function"]["name"], x["function"]["arguments"]) for x in calls]
+    if "[CALL_ID]" not in template(name):
+        assert fmt.calls_text(written) + "</s>[TOOL_RESULTS]21 C[/TOOL_RESULTS][TOOL_RESULTS]9 C[/TOOL_RESULTS]" in out
+        return
+    ids = [s[:9] for s in out.split("[CALL_ID]")[1:]]
+    assert ids[0] == p.calls[0].id and len(ids[1]) == 9 and ids[1].isalnum() and ids[0] != ids[1]
+    with_ids = "".join(f"[TOOL_CALLS]{n}[CALL_ID]{i}[ARGS]{a}" for (n, a), i in zip(written, ids, strict=True))
+    assert with_ids + "</s>" in out
+    assert f"[TOOL_RESULTS]{ids[0]}[TOOL_CONTENT]21 C[/TOOL_RESULTS][TOOL_RESULTS]{ids[1]}[TOOL_CONTENT]9 C" in out
+    again = ToolCallParser(fmt)  # what the template wrote reads back as the same calls
+    again.feed(with_ids), again.finish()
+    assert [(x.id, x.name, x.arguments) for x in again.calls] == [(i, n, a) for (n, a), i in zip(written, ids,
+                                                                                                   strict=True)]

@@ -49,9 +49,8 @@ class MistralV11Format(ToolFormat):
         out = []
         for m in super().hf_messages(messages, tools):
             if m.get("tool_calls"):
-                # Small 3.2 wants 9-character ids; Ministral 3 fails on a None content (``|length``)
-                m = {**m, "content": m.get("content") or "",
-                     "tool_calls": [{**c, "id": short_id(c.get("id"))} for c in m["tool_calls"]]}
+                # Small 3.2's template wants 9-character ids (Devstral's and Ministral 3's write none)
+                m = {**m, "tool_calls": [{**c, "id": short_id(c.get("id"))} for c in m["tool_calls"]]}
             if m["role"] == "tool":
                 m = {**m, "tool_call_id": short_id(m.get("tool_call_id"))}
             out.append(m)
