@@ -27,10 +27,10 @@ TOOLS = parse_tools([
             "unit": {"enum": ["c", "f"]}}}}},
     {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}},
 ])
-# (syntax, the real vocabulary it is tested on): each family on its own tokenizer; Mistral Nemo's
-# tekken vocabulary is not in llama.cpp's set, so Mistral's syntax runs on the Llama/Mistral 7B SPM one
+# (syntax, the real vocabulary it is tested on): each family on its own tokenizer; Mistral's tekken
+# vocabularies are not in llama.cpp's set, so both Mistral syntaxes run on the Llama/Mistral 7B SPM one
 PAIRS = [("llama3_json", "llama-bpe"), ("hermes", "qwen2"), ("hermes", "phi-3"), ("phi4", "phi-3"),
-         ("gemma", "gemma-4"), ("mistral", "llama-spm")]
+         ("gemma", "gemma-4"), ("mistral", "llama-spm"), ("mistral_v11", "llama-spm")]
 _GUIDANCE: dict[str, tuple[Guidance, object]] = {}
 
 
@@ -119,7 +119,7 @@ def test_a_model_dir_picks_its_format_from_template_and_manifest(tmp_path: Path,
         assert TextCodec(d).tool_format.name == "hermes"  # the manifest wins
     assert "model: tool calls in the hermes syntax (from its manifest)" in caplog.text
     (d / "ortserve.json").write_text(json.dumps({"tool_format": "llama4"}), encoding="utf-8")
-    with pytest.raises(ModelError, match=r"tool_format.*hermes, mistral, phi4, llama3_json, gemma"):
+    with pytest.raises(ModelError, match=r"tool_format.*hermes, mistral_v11, mistral, phi4, llama3_json, gemma"):
         TextCodec(d)
 
 
@@ -140,3 +140,44 @@ def test_a_marker_that_is_one_special_token_is_written_as_that_token() -> None:
         p = ToolCallParser(fmt)
         p.feed(text), p.finish()
         assert [c.name for c in p.calls] == ["get_weather"] and p.content == "", text
+
+
+def test_a_v11_model_dir_binds_its_markers_and_reads_calls_without_them(tmp_path: Path) -> None:
+    """A v11 model directory: the real SPM vocabulary with [TOOL_CALLS], [ARGS] and [CALL_ID] added as
+    special tokens (as in Mistral's v11 vocabularies) and Mistral Small 3.2's real template. The model
+    is detected as mistral_v11, the grammar asks for the markers' own tokens, and what it writes parses
+    back from the server's decoding (special tokens skipped: no marker text left)."""
+    import shutil
+
+    from llamacpp import template
+    from tokenizers import AddedToken, Tokenizer
+
+    from ortserve.engine.tokenizer import TextCodec
+
+    d = tmp_path / "model"
+    shutil.copytree(tokenizer_dir("llama-spm"), d)
+    tok = Tokenizer.from_file(str(d / "tokenizer.json"))
+    tok.add_special_tokens([AddedToken(m, special=True, normalized=False) for m in ("[TOOL_CALLS]", "[ARGS]",
+                                                                                   "[CALL_ID]")])
+    tok.save(str(d / "tokenizer.json"))
+    (d / "chat_template.jinja").write_text(template("Mistral-Small-3.2-24B-Instruct-2506"), encoding="utf-8")
+    codec = TextCodec(d)
+    fmt = codec.tool_format
+    marks = {m: tok.token_to_id(m) for m in ("[TOOL_CALLS]", "[ARGS]")}
+    assert fmt.name == "mistral_v11" and dict(fmt.specials) == marks
+    eos = json.loads((d / "tokenizer_config.json").read_text())["eos_token"]
+    eos = eos["content"] if isinstance(eos, dict) else eos
+    guidance = Guidance(d / "tokenizer.json", tok.get_vocab_size(), (tok.token_to_id(eos),))
+    for mode, seed in [("required", 11), ("required", 12), ("get_weather", 13)]:
+        ids = write(guidance, fmt.grammar(TOOLS, mode) or "", seed)
+        assert ids[0] == marks["[TOOL_CALLS]"] and marks["[ARGS]"] in ids
+        text = codec.decode(ids)  # the server's decoding: special tokens skipped
+        assert "[TOOL_CALLS]" not in text and "[ARGS]" not in text
+        p = ToolCallParser(fmt)
+        p.feed(text), p.finish()
+        spelled = ToolCallParser(fmt)
+        spelled.feed(tok.decode(ids, skip_special_tokens=False)), spelled.finish()
+        assert p.calls and p.content == "" and [(c.name, c.arguments) for c in p.calls] == [
+            (c.name, c.arguments) for c in spelled.calls]
+        assert all(c.name in ("get_weather", "get_time") and isinstance(json.loads(c.arguments), dict)
+                   for c in p.calls)
