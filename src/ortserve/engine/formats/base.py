@@ -7,7 +7,9 @@ Every family's syntax is a list of JSON calls in an envelope::
 
 (Hermes: ``<tool_call>\\n`` … ``\\n</tool_call>`` per call; Llama 3: bare objects with
 ``"parameters"``; Mistral: ``[TOOL_CALLS][`` … ``, `` … ``]``; Phi-4-mini: ``<|tool_call|>[`` …
-``]<|/tool_call|>``; Gemma: a fenced ``tool_code`` block per call.) From that one description come
+``]<|/tool_call|>``; Gemma: a fenced ``tool_code`` block per call; Mistral v11 replaces the JSON
+object's head and tail with ``[TOOL_CALLS]name[ARGS]`` and nothing, ``head_text``/``tail_text``,
+``read_head``.) From that one description come
 the Lark grammar that forces it, the text of a call (for history a template cannot render), the
 prompt that describes the tools, and the streaming parser (engine/formats/parser.py).
 """
