@@ -1,6 +1,7 @@
 """LoRA serving cost (docs/lora.md); prints JSON.
 
     .venv/bin/python benchmarks/lora.py [--model smollm2-135m] [--rank 16] [--tokens 64] [--streams 16]
+        [--adapters 4] [--reps 3] [--modes mask gather]
 
 Adapters are random numpy A/B of the right shapes on every attention and MLP projection
 (rank 16, scale folded in), built from the base graph's own shapes: the cost of the LoRA term
@@ -95,6 +96,8 @@ def main() -> None:
     ap.add_argument("--streams", type=int, default=16)
     ap.add_argument("--adapters", type=int, default=4)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--modes", nargs="+", default=["mask", "gather"], choices=["mask", "gather"],
+                    help="the LoRA engines to load beside the base (a 1B model: --modes mask saves memory and time)")
     args = ap.parse_args()
     path, model_id = model_dir(args.model)
     settings = load_settings(prefix_cache=False, max_batch=args.streams)
@@ -104,7 +107,7 @@ def main() -> None:
     lora_runs = [("single_adapter", [names[0]]), ("single_base_row", [""]), ("streams_adapters", many)]
     plan = [("base", AsyncEngine.load(path, settings), [("single", [""]), ("streams", [""] * args.streams)])]
     plan += [(mode, AsyncEngine.load(path, settings.model_copy(update={"lora_mode": mode}), adapters=adapters), lora_runs)
-             for mode in ("mask", "gather")]
+             for mode in args.modes]
     measured = asyncio.run(measure(plan, args.tokens, args.reps))
     base = measured["base"]
     single = base["single"]["decode_tps_per_stream"]
@@ -112,7 +115,7 @@ def main() -> None:
                               "reps": args.reps, "best_of_reps": True, "interleaved": True,
                               "targets": "q,k,v,o,gate,up,down (every layer)", "tokens_per_request": args.tokens,
                               "base": base}
-    for mode in ("mask", "gather"):
+    for mode in args.modes:
         lora = measured[mode]
         result[mode] = lora | {
             "single_stream_overhead": round(single / lora["single_adapter"]["decode_tps_per_stream"] - 1, 4),

@@ -104,22 +104,26 @@ def test_unused_adapters_unload_after_keep_alive(lora: SimpleNamespace, tiny_mod
         again = client.chat.completions.create(model="tiny:my-adapter", messages=msg, max_tokens=8, temperature=0)
         assert again.choices[0].message.content == first.choices[0].message.content  # loaded again, same model
         assert ps()["adapters"] == ["my-adapter"]
-        # keep_alive 0 on the request: dropped right after it, never while it streams
-        stream = client.chat.completions.create(model="other", messages=msg, max_tokens=300, temperature=0,
-                                                stream=True, extra_body={"keep_alive": 0, "min_tokens": 300})
+        # keep_alive 0 on the request: dropped right after it, never while it streams. 1,500 tokens
+        # keep it running for well over the 0.3 s below (300 took under 0.2 s on a quiet machine, so
+        # the check then saw a finished request), and the check also reads that it still runs.
+        long = {"keep_alive": 0, "min_tokens": 1500}
+        stream = client.chat.completions.create(model="other", messages=msg, max_tokens=1500, temperature=0,
+                                                stream=True, extra_body=long)
         pieces, seen = [], []
         for chunk in stream:
             pieces.append((chunk.choices[0].delta.content or "") if chunk.choices else "")
-            if len(pieces) == 1:  # in flight: 300 tokens to go, while the reaper runs every 0.1 s
-                time.sleep(0.2)
-                seen.append("other" in ps()["adapters"])
-        assert seen == [True]
+            if len(pieces) == 1:  # in flight, while the reaper runs every 0.1 s
+                time.sleep(0.3)
+                row = ps()
+                seen.append(("other" in row["adapters"], row["running"] > 0))
+        assert seen == [(True, True)]
         deadline = time.monotonic() + 10
         while "other" in ps()["adapters"] and time.monotonic() < deadline:
             time.sleep(0.05)
         assert "other" not in ps()["adapters"]
-        full = client.chat.completions.create(model="other", messages=msg, max_tokens=300, temperature=0,
-                                              extra_body={"min_tokens": 300})
+        full = client.chat.completions.create(model="other", messages=msg, max_tokens=1500, temperature=0,
+                                              extra_body={"min_tokens": 1500})
         assert "".join(pieces) == full.choices[0].message.content
 
 
