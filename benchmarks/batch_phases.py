@@ -26,7 +26,7 @@ from _common import emit, machine, median, model_dir
 from engine_overhead import Phases
 from vs_llamacpp import engine_parallel, heldout_text, parallel_prompts
 
-import ortserve.engine.core as core_mod
+import ortserve.engine.postprocess as core_mod  # the module whose sample() a step calls
 from ortserve.config import load_settings
 from ortserve.engine import AsyncEngine
 from ortserve.engine.sequence import Sequence

@@ -119,7 +119,7 @@ def main() -> None:
 
     from ortserve.config import load_settings
     from ortserve.engine import LLM, LoadedModel
-    from ortserve.engine import core as engine_core
+    from ortserve.engine import postprocess as engine_core  # sample() is looked up there
     from ortserve.models.locate import resolve_model_dir
     from ortserve.models.sampling import defaults_for
     from ortserve.models.store import ModelStore

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 from _common import QUESTIONS, RawOg, emit, machine, median, model_dir
 
-import ortserve.engine.core as core_mod
+import ortserve.engine.postprocess as core_mod  # the module whose sample() a step calls
 from ortserve.config import load_settings
 from ortserve.engine import AsyncEngine
 from ortserve.engine.sequence import Sequence
