@@ -127,6 +127,45 @@ def test_unused_adapters_unload_after_keep_alive(lora: SimpleNamespace, tiny_mod
         assert "".join(pieces) == full.choices[0].message.content
 
 
+def test_adapter_stacks_are_built_off_the_event_loop(lora: SimpleNamespace, tiny_model: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Dropping idle adapters and loading one back for a request rebuild the stacks (tenths of a
+    second at 1B) in a worker thread: the event loop that streams every other request never runs them."""
+    import httpx
+    import openai
+    from tests.servers import ServerThread
+
+    calls: list[tuple[list[str], bool]] = []
+    build = Runner.lora_inputs
+
+    def spy(self: Runner, adapters: list) -> object:
+        try:
+            asyncio.get_running_loop()
+            on_loop = True
+        except RuntimeError:
+            on_loop = False
+        calls.append(([a.name for a in adapters], on_loop))
+        return build(self, adapters)
+
+    msg = [{"role": "user", "content": "Say hi"}]
+    with ServerThread(tiny_model, home=lora.home, keep_alive=1.0) as srv:
+        monkeypatch.setattr(Runner, "lora_inputs", spy)
+
+        def ps() -> dict:
+            return httpx.get(f"{srv.url}/v1/admin/ps", timeout=10).json()["models"][0]
+
+        deadline = time.monotonic() + 10
+        while ps()["adapters"] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert ps()["adapters"] == []  # both dropped by the reaper
+        client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="none")
+        out = client.chat.completions.create(model="tiny:my-adapter", messages=msg, max_tokens=4, temperature=0)
+        assert out.choices[0].message.content is not None
+        assert ps()["adapters"] == ["my-adapter"]  # loaded back for the request
+    assert ([], False) in calls and (["my-adapter"], False) in calls, calls
+    assert not [c for c in calls if c[1]], f"stacks built on the event loop: {calls}"
+
+
 @pytest.mark.parametrize("mixed", [False, True], ids=["one-adapter", "mixed"])
 @pytest.mark.parametrize("mode", ["mask", "gather"])
 def test_lora_scale_equals_the_merged_model_at_that_scale(lora: SimpleNamespace, lora_half: Path,

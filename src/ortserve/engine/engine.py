@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -153,6 +154,7 @@ class AsyncEngine(AdapterHost):
         self.problem: str | None = None  # why the engine cannot serve (set while it restarts)
         self.watchdog = Watchdog(self, stall_timeout=float(getattr(settings, "stall_timeout", 120.0)))
         self._lora_seqs: list[Sequence] = []  # submitted adapter requests, until they finish
+        self._adapter_lock = threading.Lock()  # engine/adapter_host.py: one adapter-set change at a time
 
     def _new_core(self, runner: Runner) -> EngineCore:
         core = EngineCore(runner, chunk_tokens=int(getattr(self.settings, "prefill_chunk", 512)),

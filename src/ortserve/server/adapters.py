@@ -11,6 +11,7 @@ stacks (``AdapterKeeper``): the request's keep_alive when one named the adapter,
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass
@@ -101,7 +102,7 @@ async def adapter_engine(manager: Any, v: Any, keep_alive: Any) -> Any:
     engine = await manager.get(v.base, keep_alive=keep_alive)
     if v.model not in engine.adapter_names:  # imported after the base was loaded, or dropped since
         try:
-            engine.add_adapter(load_adapter(v))
+            await engine.add_adapter_async(lambda: load_adapter(v))
         except ModelError as exc:
             raise InvalidRequest(exc.message, param="model", code="model_not_supported") from None
     manager.adapter_use.used(engine, v.model, parse_keep_alive(keep_alive))
@@ -133,8 +134,9 @@ class AdapterKeeper:
     def _keep_alive(self, manager: Any, slot: Any, use: _Use) -> float:
         return use.keep_alive if use.keep_alive is not None else float(manager.keep_alive_of(slot))
 
-    def reap(self, manager: Any, now: float) -> bool:
-        """Drop every adapter idle past its keep_alive (a rebind, no new session); True if any went."""
+    async def reap(self, manager: Any, now: float) -> bool:
+        """Drop every adapter idle past its keep_alive (a rebind, no new session, its stacks rebuilt
+        in a worker thread); True if any went."""
         dropped, live = False, set()
         for slot in list(manager.slots.values()):
             engine = slot.obj
@@ -148,7 +150,9 @@ class AdapterKeeper:
                     use.last_used = now
                     continue
                 ka = self._keep_alive(manager, slot, use)
-                if ka >= 0 and now - use.last_used >= ka and engine.remove_adapter(name):
+                rebuild = engine.begin_remove(name) if ka >= 0 and now - use.last_used >= ka else None
+                if rebuild is not None:
+                    await asyncio.to_thread(rebuild)
                     log.info("keep_alive %.0f s passed: dropping adapter %s of %s", ka, name, slot.id)
                     del self.uses[(id(engine), name)]
                     live.discard((id(engine), name))

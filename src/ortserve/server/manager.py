@@ -343,7 +343,7 @@ class ModelManager:
             if ka >= 0 and now - slot.last_used >= ka:
                 log.info("keep_alive %.0f s passed: unloading %s", ka, slot.id)
                 await self._unload(slot)
-        if self.adapter_use.reap(self, now):
+        if await self.adapter_use.reap(self, now):
             self._changed()
 
     async def _reap_forever(self, period: float) -> None:
