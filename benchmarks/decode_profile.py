@@ -159,7 +159,9 @@ def kernel_kind(node: Any | None, op: str) -> str:
     return op
 
 
-def runner_for(model: Path, threads: int, profile: bool) -> Any:
+def runner_for(model: Path, threads: int, profile: bool, *, slots: int = 1, last_logits_only: bool = True) -> Any:
+    """ortserve's Runner (the serving path) on ``model``; ``last_logits_only=False``: the graph as
+    exported, logits for every input position (what onnxruntime-genai runs)."""
     from ortserve.config import load_settings
     from ortserve.engine.runner import ModelSpec, Runner
     from ortserve.engine.runtime import session_options
@@ -169,7 +171,8 @@ def runner_for(model: Path, threads: int, profile: bool) -> Any:
     if profile:
         so.enable_profiling = True
         so.profile_file_prefix = str(Path(tempfile.mkdtemp()) / "ortserve-decode")
-    return Runner(ModelSpec.read(model), slots=1, capacity=256, session_options=so)
+    return Runner(ModelSpec.read(model), slots=slots, capacity=256, session_options=so,
+                  last_logits_only=last_logits_only)
 
 
 def decode_ms(runner: Any, steps: int) -> float:
