@@ -14,8 +14,9 @@ no earlier child counts; a 50 ms sample of the whole tree is printed beside it):
     perplexity of the shipped and fp32-compute graphs and the decode-speed measurement,
     which load the model into onnxruntime);
   * with ``--llama-bin`` (or LLAMA_CPP_BIN): llama-bench pp512/tg128 and llama-batched-bench
-    16 x (40 prompt + 64 generated) on the GGUF, and the same three on onnxruntime-genai
-    with the imported model in a child process, whose peak RSS is reported as the serving RSS.
+    16 x (40 prompt + 64 generated) on the GGUF, and the same three on ortserve's Runner (the
+    serving path; before 2026-11-26 on onnxruntime-genai, still reported as ``raw_og``) with the
+    imported model in a child process, whose peak RSS is reported as the serving RSS.
 Prints JSON with ortserve / llama.cpp ratios measured in the same run.
 """
 
@@ -192,25 +193,63 @@ def llama_tools(bin_dir: Path | None, gguf_file: Path, threads: int) -> dict[str
     return res
 
 
-def ortserve_speed(model: Path, threads: int) -> dict[str, Any]:
-    """tg128, pp512 and 16 parallel (40 + 64 tokens each) on onnxruntime-genai, in this process."""
-    og = RawOg(model, threads)
+def ortserve_speed(model: Path, threads: int, og: bool = False, tokens: int = 512) -> dict[str, Any]:
+    """tg128, pp512 and 16 parallel (40 + 64 tokens each) on ortserve's Runner (the serving path, as
+    vs_llamacpp.py measures it: logits of the last position of each row only), in this process;
+    ``og``: on onnxruntime-genai, whose graph computes every prompt position's logits (512 x 128k
+    at 1B: the LM head is 17% of that prefill, docs/scale.md). ``tokens``: the prefill (pp512's 512)."""
     rng = np.random.default_rng(0)
-    ids = [int(x) for x in rng.integers(1000, 100000, 512)]
-    pp = og.single(ids, 2)
-    tg = og.single(ids[:16], 128)
+    ids = [int(x) for x in rng.integers(1000, 100000, 512)]   # the 16 rows' prompts: 16 x 40 within
+    if not og:
+        return runner_speed(model, threads, ids, tokens)
+    raw = RawOg(model, threads)
+    pp = raw.single(ids[:tokens], 2)
+    tg = raw.single(ids[:16], 128)
     t0 = time.perf_counter()
-    b = og.batch([ids[i * 16:i * 16 + 40] for i in range(16)], 64)
+    b = raw.batch([ids[i * 16:i * 16 + 40] for i in range(16)], 64)
     total = 16 * (40 + 64) / (time.perf_counter() - t0)
-    return {"pp512": round(512 / pp["ttft"], 2), "tg128": round(tg["decode_tps"], 2),
+    return {"pp512": round(tokens / pp["ttft"], 2), "tg128": round(tg["decode_tps"], 2),
             "parallel16_total": round(total, 2), "parallel16_decode": round(b["decode_tps"], 2)}
 
 
-def speed_child(model: Path, threads: int) -> dict[str, Any]:
+def runner_speed(model: Path, threads: int, ids: list[int], tokens: int) -> dict[str, Any]:
+    """The same three on ortserve's Runner, greedy: 16 rows each prefill their 40 tokens, then
+    decode 63 steps together (64 tokens each, the first from the prefill)."""
+    from ortserve.config import load_settings
+    from ortserve.engine.runner import ModelSpec, Runner
+    from ortserve.engine.runtime import session_options
+
+    so = session_options(load_settings())
+    so.intra_op_num_threads = threads
+    runner = Runner(ModelSpec.read(model), slots=16, capacity=640, session_options=so)
+    runner.prefill(0, ids[:64])   # warm-up
+    runner.clear(0)
+    t0 = time.perf_counter()
+    runner.prefill(0, ids[:tokens])
+    pp = time.perf_counter() - t0
+    runner.clear(0)
+    tok = np.array([int(np.argmax(runner.prefill(0, ids[:16])))])
+    t0 = time.perf_counter()
+    for _ in range(127):
+        tok = np.argmax(runner.decode(tok), axis=1).astype(np.int64)
+    tg = 127 / (time.perf_counter() - t0)
+    runner.clear(0)
+    t0 = time.perf_counter()
+    toks = np.array([int(np.argmax(runner.prefill(r, ids[r * 16:r * 16 + 40]))) for r in range(16)])
+    t1 = time.perf_counter()
+    for _ in range(63):
+        toks = np.argmax(runner.decode(toks), axis=1).astype(np.int64)
+    t2 = time.perf_counter()
+    return {"pp512": round(tokens / pp, 2), "tg128": round(tg, 2), "parallel16_total": round(16 * (40 + 64) / (t2 - t0), 2),
+            "parallel16_decode": round(16 * 63 / (t2 - t1), 2)}
+
+
+def speed_child(model: Path, threads: int, og: bool = False) -> dict[str, Any]:
     """ortserve_speed in a child process; its peak RSS is the engine's serving RSS."""
     code = ("import json, sys; sys.path.insert(0, sys.argv[3]); import scale; from pathlib import Path; "
-            "print('RESULT', json.dumps(scale.ortserve_speed(Path(sys.argv[1]), int(sys.argv[2]))))")
-    m = run_measured([sys.executable, "-c", code, str(model), str(threads), str(Path(__file__).parent)])
+            "print('RESULT', json.dumps(scale.ortserve_speed(Path(sys.argv[1]), int(sys.argv[2]), sys.argv[4] == 'og')))")
+    m = run_measured([sys.executable, "-c", code, str(model), str(threads), str(Path(__file__).parent),
+                      "og" if og else "runner"])
     got = next((json.loads(x[7:]) for x in m["tail"] if x.startswith("RESULT ")), {"error": m["tail"]})
     return {**got, "serve_peak_rss_gb": m["peak_rss_gb"]}
 
@@ -258,6 +297,8 @@ def main() -> None:
             run["llama_cpp"] = llama_tools(bin_dir, gguf_file, args.threads)
             run["ortserve"] = speed_child(out, args.threads)
             run["ortserve_vs_llama_cpp"] = ratios(run["ortserve"], run["llama_cpp"])
+            run["raw_og"] = speed_child(out, args.threads, og=True)
+            run["raw_og_vs_llama_cpp"] = ratios(run["raw_og"], run["llama_cpp"])
         result["runs"].append(run)
     emit(result)
 

@@ -37,3 +37,18 @@ def test_prefill_profile_splits_prefill_and_row_decode_time(tmp_path: Path) -> N
     # the LM head's work: one row in the serving path, every prompt position as exported, a row each here
     assert every["kinds"][HEAD]["gflop_per_run"] == pytest.approx(24 * last["kinds"][HEAD]["gflop_per_run"], rel=0.02)
     assert rows["kinds"][HEAD]["gflop_per_run"] == pytest.approx(4 * last["kinds"][HEAD]["gflop_per_run"], rel=0.02)
+
+
+def test_scale_measures_the_serving_runner_and_raw_og_apart(tmp_path: Path) -> None:
+    """benchmarks/scale.py's ortserve figures come from the Runner (last-position logits, as
+    served); onnxruntime-genai's (every position's logits) are kept apart as raw_og."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import scale
+
+    gguf_file = write(tmp_path / "llama.gguf", "llama", Q4_K_M, embd="Q6_K")
+    import_gguf_streamed(gguf_file, tmp_path / "model", smoke=False)
+    for og in (False, True):
+        got = scale.ortserve_speed(tmp_path / "model", 1, og=og, tokens=160)   # the tiny context: 256
+        assert set(got) == {"pp512", "tg128", "parallel16_total", "parallel16_decode"} and min(got.values()) > 0
