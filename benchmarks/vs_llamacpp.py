@@ -165,7 +165,8 @@ def main() -> None:
                               "threads": args.threads, "ortserve_spinning": args.spin, "reps": args.reps}
     llama: LlamaCpp | None = None
     bin_dir = Path(args.llama_bin) if args.llama_bin else None
-    missing = [t for t in TOOLS if bin_dir is None or not (bin_dir / t).is_file()]
+    needed = [t for t in TOOLS if not (args.no_ppl and t == "llama-perplexity")]  # --no-ppl: not needed
+    missing = [t for t in needed if bin_dir is None or not (bin_dir / t).is_file()]
     if missing:
         result["llamacpp"] = {"skipped": f"{', '.join(missing)} not found in {bin_dir or '(no --llama-bin)'}; "
                                          f"{BUILD_HINT}"}
