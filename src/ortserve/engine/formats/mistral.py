@@ -22,14 +22,19 @@ def short_id(call_id: Any) -> str:
 @dataclass(frozen=True)
 class MistralFormat(ToolFormat):
     def hf_messages(self, messages: list[dict[str, Any]], tools: list[Tool] | None = None) -> list[dict[str, Any]]:
-        out = []
-        for m in super().hf_messages(messages, tools):
-            if m.get("tool_calls"):
-                m = {**m, "tool_calls": [{**c, "id": short_id(c.get("id"))} for c in m["tool_calls"]]}
-            if m["role"] == "tool":
-                m = {**m, "tool_call_id": short_id(m.get("tool_call_id"))}
-            out.append(m)
-        return _system_kept(out)
+        return _system_kept(with_short_ids(super().hf_messages(messages, tools)))
+
+
+def with_short_ids(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every call id, in the calls and in their results, as the 9 characters the templates require."""
+    out = []
+    for m in messages:
+        if m.get("tool_calls"):
+            m = {**m, "tool_calls": [{**c, "id": short_id(c.get("id"))} for c in m["tool_calls"]]}
+        if m["role"] == "tool":
+            m = {**m, "tool_call_id": short_id(m.get("tool_call_id"))}
+        out.append(m)
+    return out
 
 
 def _system_kept(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

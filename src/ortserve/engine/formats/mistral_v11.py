@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ortserve.engine.formats.base import Tool, ToolFormat
-from ortserve.engine.formats.mistral import short_id
+from ortserve.engine.formats.mistral import with_short_ids
 
 NAME = "A-Za-z0-9_\\-"  # what a tool's name is made of (engine/tools.py checks names)
 HEAD = re.compile(rf"(?:\[TOOL_CALLS\])?([{NAME}]{{1,64}})(?:\[CALL_ID\]([A-Za-z0-9]{{1,64}}))?(?:\[ARGS\])?")
@@ -46,15 +46,9 @@ class MistralV11Format(ToolFormat):
         return f"[{NAME}]+([^{NAME}{{\\[][\\s\\S]*)?|[^{NAME}{{\\[][\\s\\S]*"
 
     def hf_messages(self, messages: list[dict[str, Any]], tools: list[Tool] | None = None) -> list[dict[str, Any]]:
-        out = []
-        for m in super().hf_messages(messages, tools):
-            if m.get("tool_calls"):
-                # Small 3.2's template wants 9-character ids (Devstral's and Ministral 3's write none)
-                m = {**m, "tool_calls": [{**c, "id": short_id(c.get("id"))} for c in m["tool_calls"]]}
-            if m["role"] == "tool":
-                m = {**m, "tool_call_id": short_id(m.get("tool_call_id"))}
-            out.append(m)
-        return out
+        # Small 3.2's template wants 9-character ids (Devstral's and Ministral 3's write none); the
+        # system prompt comes first in these templates, so it is not moved as for Nemo
+        return with_short_ids(super().hf_messages(messages, tools))
 
 
 MISTRAL_V11 = MistralV11Format("mistral_v11", sep="", detect=("[ARGS]",), name_first=True,
