@@ -9,15 +9,15 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from grammar_walk import random_completion
 from vocab_tokenizers import tokenizer_dir
 
 from ortserve.engine.detokenize import IncrementalDetokenizer
 from ortserve.engine.formats import FORMATS, ToolCallParser
-from ortserve.engine.guidance import Constraint, Guidance, allocate_masks, apply_mask
+from ortserve.engine.guidance import Guidance
 from ortserve.engine.tools import parse_tools
 
 TOOLS = parse_tools([
@@ -48,18 +48,7 @@ def guidance_for(vocab: str) -> tuple[Guidance, object]:
 
 def write(guidance: Guidance, grammar: str, seed: int, budget: int = 300) -> list[int]:
     """A random but grammar-valid completion: the argmax of random logits under the mask."""
-    rng = np.random.default_rng(seed)
-    guide = guidance.guide(Constraint("grammar", grammar, "tools", budget))
-    mask, ids = allocate_masks(1, guidance.vocab_size), []
-    while not guide.stopped and len(ids) < budget:
-        guide.compute_mask(mask[0])
-        logits = rng.standard_normal(guidance.vocab_size).astype(np.float32)
-        apply_mask(logits, mask[0])
-        token = int(np.argmax(logits))
-        guide.consume(token)
-        if token in guidance.eos_ids:
-            break
-        ids.append(token)
+    ids, _ = random_completion(guidance, grammar, seed, budget)
     assert len(ids) < budget, "the grammar never let the list end"
     return ids
 

@@ -7,9 +7,14 @@ from __future__ import annotations
 
 import json
 import re
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from grammar_walk import random_completion
 
 from ortserve.engine.detokenize import IncrementalDetokenizer
 from ortserve.engine.formats import FORMATS, ToolCallParser, ToolFormat
@@ -99,19 +104,7 @@ def test_prose_the_auto_grammar_allows_is_read_as_prose(text: str) -> None:
 
 def write(tok: tuple, grammar: str, seed: int, budget: int = 200) -> tuple[list[int], object]:
     """A random but grammar-valid completion (the argmax of random logits under the mask) and its guide."""
-    guidance = tok[0]
-    rng = np.random.default_rng(seed)
-    guide = guidance.guide(Constraint("grammar", grammar, "tools", budget))
-    mask, ids = allocate_masks(1, guidance.vocab_size), []
-    while not guide.stopped and len(ids) < budget:
-        guide.compute_mask(mask[0])
-        logits = rng.standard_normal(guidance.vocab_size).astype(np.float32)
-        apply_mask(logits, mask[0])
-        token = int(np.argmax(logits))
-        guide.consume(token)
-        if token == EOS:
-            break
-        ids.append(token)
+    ids, guide = random_completion(tok[0], grammar, seed, budget)
     # prose (auto) may run to the budget; a list of calls always ends
     assert len(ids) < budget or not grammar.startswith("start: calls", grammar.find("\n") + 1), "no end"
     return ids, guide
