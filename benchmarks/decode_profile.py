@@ -159,7 +159,8 @@ def kernel_kind(node: Any | None, op: str) -> str:
     return op
 
 
-def runner_for(model: Path, threads: int, profile: bool, *, slots: int = 1, last_logits_only: bool = True) -> Any:
+def runner_for(model: Path, threads: int, profile: bool, *, slots: int = 1, last_logits_only: bool = True,
+               capacity: int = 256) -> Any:
     """ortserve's Runner (the serving path) on ``model``; ``last_logits_only=False``: the graph as
     exported, logits for every input position (what onnxruntime-genai runs)."""
     from ortserve.config import load_settings
@@ -171,7 +172,7 @@ def runner_for(model: Path, threads: int, profile: bool, *, slots: int = 1, last
     if profile:
         so.enable_profiling = True
         so.profile_file_prefix = str(Path(tempfile.mkdtemp()) / "ortserve-decode")
-    return Runner(ModelSpec.read(model), slots=slots, capacity=256, session_options=so,
+    return Runner(ModelSpec.read(model), slots=slots, capacity=capacity, session_options=so,
                   last_logits_only=last_logits_only)
 
 

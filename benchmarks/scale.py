@@ -215,13 +215,9 @@ def ortserve_speed(model: Path, threads: int, og: bool = False, tokens: int = 51
 def runner_speed(model: Path, threads: int, ids: list[int], tokens: int) -> dict[str, Any]:
     """The same three on ortserve's Runner, greedy: 16 rows each prefill their 40 tokens, then
     decode 63 steps together (64 tokens each, the first from the prefill)."""
-    from ortserve.config import load_settings
-    from ortserve.engine.runner import ModelSpec, Runner
-    from ortserve.engine.runtime import session_options
+    from decode_profile import runner_for
 
-    so = session_options(load_settings())
-    so.intra_op_num_threads = threads
-    runner = Runner(ModelSpec.read(model), slots=16, capacity=640, session_options=so)
+    runner = runner_for(model, threads, False, slots=16, capacity=640)
     runner.prefill(0, ids[:64])   # warm-up
     runner.clear(0)
     t0 = time.perf_counter()
