@@ -74,7 +74,7 @@ SPECIAL_MARKERS = ("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]", "<|tool_call|>", "<|/t
 
 def visible(marker: str) -> str:
     """A marker without its special tokens (``[TOOL_CALLS][`` -> ``[``), as a decoder that skips them shows it."""
-    return re.sub(r"\[TOOL_CALLS\]|\[ARGS\]|\[CALL_ID\]|<\|/?tool_call\|>", "", marker)
+    return re.sub("|".join(map(re.escape, SPECIAL_MARKERS)), "", marker)
 
 
 def _char_class(chars: str) -> str:
