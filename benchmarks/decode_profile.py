@@ -188,16 +188,21 @@ def decode_ms(runner: Any, steps: int) -> float:
     return float(np.median(times)) * 1e3
 
 
-def llama_tg128(bin_dir: Path, gguf_path: Path, threads: int) -> float | None:
-    """llama-bench tg128 tokens/s (one repetition), or None without the binary."""
+def llama_bench(bin_dir: Path, gguf_path: Path, threads: int, prompt: int, gen: int) -> float | None:
+    """llama-bench tokens/s of ``-p prompt -n gen`` (one repetition), or None without the binary."""
     exe = bin_dir / "llama-bench"
     if not exe.is_file():
         return None
-    out = subprocess.run([str(exe), "-m", str(gguf_path), "-p", "0", "-n", "128", "-t", str(threads), "-r", "1",
-                          "-o", "json"], check=False, capture_output=True, text=True)
+    out = subprocess.run([str(exe), "-m", str(gguf_path), "-p", str(prompt), "-n", str(gen), "-t", str(threads),
+                          "-r", "1", "-o", "json"], check=False, capture_output=True, text=True)
     if out.returncode != 0:
         return None
     return float(json.loads(out.stdout)[0]["avg_ts"])
+
+
+def llama_tg128(bin_dir: Path, gguf_path: Path, threads: int) -> float | None:
+    """llama-bench tg128 tokens/s (one repetition), or None without the binary."""
+    return llama_bench(bin_dir, gguf_path, threads, 0, 128)
 
 
 def profile(model: Path, threads: int, steps: int) -> dict[str, Any]:

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 from _common import emit, machine
-from decode_profile import kernel_kind, runner_for
+from decode_profile import kernel_kind, llama_bench, runner_for
 
 
 def matrix_nodes(model: Path) -> tuple[dict[str, Any], set[str], dict[str, tuple[int, int]]]:
@@ -123,12 +123,7 @@ def rows_decode_s(runner: Any, rows: int, prompt_len: int, steps: int) -> float:
 
 
 def llama_pp(bin_dir: Path, gguf: Path, threads: int, tokens: int) -> float | None:
-    exe = bin_dir / "llama-bench"
-    if not exe.is_file():
-        return None
-    out = subprocess.run([str(exe), "-m", str(gguf), "-p", str(tokens), "-n", "0", "-t", str(threads), "-r", "1",
-                          "-o", "json"], check=False, capture_output=True, text=True)
-    return float(json.loads(out.stdout)[0]["avg_ts"]) if out.returncode == 0 else None
+    return llama_bench(bin_dir, gguf, threads, tokens, 0)
 
 
 def llama_batched(bin_dir: Path, gguf: Path, threads: int, rows: int, prompt_len: int) -> dict[str, float] | None:
