@@ -158,10 +158,19 @@ def long_beside_a_stream(engine, short_prompt: str, short_tokens: int):
     """LONG, sent while a greedy stream of ``short_tokens`` on ``short_prompt`` is decoding; its result.
     The prefix cache is off meanwhile: ``singles`` cached LONG, and a cached prompt needs no chunks."""
     async def scenario():
-        short = asyncio.ensure_future(engine.generate(prompt=short_prompt, params=SamplingParams(
-            temperature=0, max_tokens=short_tokens, ignore_eos=True)))
-        await asyncio.sleep(0.05)
+        decoding = asyncio.Event()
+
+        async def stream():  # one token per step (no speculation): a step that skips it is visible
+            async for ev in engine.submit(prompt=short_prompt, params=SamplingParams(
+                    temperature=0, max_tokens=short_tokens, ignore_eos=True, speculative=False)):
+                decoding.set()
+                if ev.finished:
+                    return ev
+
+        short = asyncio.ensure_future(stream())
+        await decoding.wait()  # the stream is decoding when LONG arrives, however fast the machine
         long = await engine.generate(prompt=LONG, params=GREEDY)
+        assert not short.done(), "the stream should still be decoding when LONG is done"
         await short
         return long
     cache, engine.core.cache = engine.core.cache, None

@@ -130,6 +130,14 @@ def test_files_left_in_progress_are_resumed_by_the_next_server(tiny_model: Path,
     with ServerThread(tiny_model, rag_dir=rag_dir) as a:
         client = _client(a)
         vs = client.vector_stores.create(name="restart")
+        rag = a.state.rag
+        process = rag.process
+
+        def slow(vid: str, fid: str, stop=None):  # a file that takes until the server stops, on any machine
+            stop.wait(30)
+            process(vid, fid, stop=stop)
+
+        rag.process = slow
         ids = [client.files.create(file=(f"r{i}.txt", io.BytesIO(_doc(f"restart{i}", 12))),
                                    purpose="assistants").id for i in range(4)]
         b = client.vector_stores.file_batches.create(vector_store_id=vs.id, file_ids=ids)
