@@ -241,3 +241,23 @@ def test_parallel_false_allows_exactly_one_call(guidance: Guidance) -> None:
     out, reason = _walk(guidance, _tool_guide(guidance, 200, parallel=False), 200, 0,
                         script=_ids(guidance, call + "\n" + call.replace("Paris", "Lyon")))
     assert _text(guidance, out) == call and reason in ("stop", "refused")
+
+
+def _auto_guide(g: Guidance, max_tokens: int) -> Guide:
+    grammar = tool_grammar(parse_tools([WEATHER]), "auto") or ""
+    assert grammar.startswith(TOOL_MARK) and grammar.splitlines()[0].endswith(" hermes lead")
+    return g.guide(Constraint("grammar", grammar, "tools", max_tokens))
+
+
+def test_prose_before_the_calls_does_not_count_as_a_calls_length(guidance: Guidance) -> None:
+    """Under auto, "hello world ..." then two calls: the second fits a budget sized for the calls
+    alone plus the prose, because the first call's length is measured from its marker."""
+    call, prose = call_text("get_weather", '{"city": "Paris"}'), "hello world " * 6
+    n, p = len(_ids(guidance, call)), len(_ids(guidance, prose))
+    script = _ids(guidance, prose + call + "\n" + call.replace("Paris", "Lyon"))
+    out, _ = _walk(guidance, _auto_guide(guidance, p + 2 * n + 8), p + 2 * n + 8, 0, script=script)
+    assert _text(guidance, out) == prose + call + "\n" + call.replace("Paris", "Lyon")
+    parser = ToolCallParser()
+    parser.feed(_text(guidance, out))
+    parser.finish()
+    assert parser.content == prose and [c.arguments for c in parser.calls] == ['{"city": "Paris"}', '{"city": "Lyon"}']

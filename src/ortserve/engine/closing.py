@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from ortserve.engine.formats import FALLBACK, FORMATS, TOOL_MARK, ToolCallParser, ToolFormat
+from ortserve.engine.formats import FALLBACK, FORMATS, LEAD, TOOL_MARK, ToolCallParser, ToolFormat
 
 # Tokens kept beyond the closing path: one sampled token can open about this much structure
 # (a key and a string, a nested object) before the next check.
@@ -227,9 +227,9 @@ class JsonBudget(Policy):
 class ToolBudget(Policy):
     """A list of tool calls: a repeated call ends it; no call starts that the tokens left cannot hold."""
 
-    def __init__(self, vocab: Vocab, max_tokens: int | None, fmt: ToolFormat = FALLBACK) -> None:
+    def __init__(self, vocab: Vocab, max_tokens: int | None, fmt: ToolFormat = FALLBACK, lead: bool = False) -> None:
         super().__init__(vocab, max_tokens)
-        self.parser = ToolCallParser(fmt)
+        self.parser = ToolCallParser(fmt, lead)
         self.longest = 0      # tokens of the longest call so far (its envelope included)
         self._last_end = 0    # tokens used when the last call ended
         self._between = False  # the text ends with a complete call
@@ -242,7 +242,10 @@ class ToolBudget(Policy):
 
     def observe(self, token: int, matcher: Any) -> str:
         text = super().observe(token, matcher)
+        before = len(self.parser.content)
         self.parser.feed(text)
+        if not self.parser.calls and len(self.parser.content) > before:  # prose before the first call
+            self._last_end = self.used - (not self.parser.in_prose)  # is not part of the call's length
         if self.parser.repeated:
             self.ended = True  # finish "stop": the API layer answers "tool_calls"
         elif self.parser.in_envelope and len(matcher.compute_ff_tokens()) > self.left:
@@ -260,6 +263,6 @@ def policy_for(kind: str, text: str, vocab: Vocab, max_tokens: int | None) -> Po
     if kind == "json_schema":
         return JsonBudget(vocab, max_tokens)
     if kind == "grammar" and text.startswith(TOOL_MARK):
-        name = text[len(TOOL_MARK):text.find("\n")].strip()  # the first line names the syntax
-        return ToolBudget(vocab, max_tokens, FORMATS.get(name, FALLBACK))
+        name, *flags = text[len(TOOL_MARK):text.find("\n")].split() or [""]  # the first line names the syntax
+        return ToolBudget(vocab, max_tokens, FORMATS.get(name, FALLBACK), LEAD in flags)
     return None

@@ -1,6 +1,7 @@
 """Tool-call syntaxes, one module per family, and the registry that picks a model's (docs/tools.md)."""
 
 from ortserve.engine.formats.base import (
+           LEAD,
            MAX_PARALLEL_CALLS,
            TOOL_MARK,
            Delta,
@@ -12,5 +13,5 @@ from ortserve.engine.formats.base import (
 from ortserve.engine.formats.parser import ToolCallParser
 from ortserve.engine.formats.registry import FALLBACK, FORMATS, by_name, choose, detect
 
-__all__ = ["FALLBACK", "FORMATS", "MAX_PARALLEL_CALLS", "TOOL_MARK", "Delta", "Tool", "ToolCall", "ToolCallParser",
+__all__ = ["FALLBACK", "FORMATS", "LEAD", "MAX_PARALLEL_CALLS", "TOOL_MARK", "Delta", "Tool", "ToolCall", "ToolCallParser",
            "ToolFormat", "by_name", "choose", "detect", "new_call_id"]

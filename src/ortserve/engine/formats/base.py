@@ -29,6 +29,8 @@ from ortserve.engine.jsonlark import schema_lark
 # The first line of every tool grammar (a Lark comment), followed by the format's name: the engine
 # knows the grammar is a list of calls, in which syntax, and watches it (engine/closing.py).
 TOOL_MARK = "// ortserve: tool calls"
+# after the format's name on that line: prose may come before the calls (``ToolFormat.lead_prose``)
+LEAD = "lead"
 # A small model rarely ends a list of calls by itself; a repeat ends it (engine/closing.py), and
 # the cap bounds a list of different calls that never ends.
 MAX_PARALLEL_CALLS = 4
@@ -77,6 +79,11 @@ def visible(marker: str) -> str:
     return re.sub("|".join(map(re.escape, SPECIAL_MARKERS)), "", marker)
 
 
+def _regex_literal(text: str) -> str:
+    """``text`` as a regex inside a Lark ``/.../`` (llguidance's syntax)."""
+    return "".join("\\n" if c == "\n" else "\\" + c if c in "\\.+*?()|[]{}^$#&-~/" else c for c in text)
+
+
 def _char_class(chars: str) -> str:
     return "".join("\\" + c if c in "\\]^-[/" else c for c in sorted(set(chars)))
 
@@ -112,27 +119,58 @@ class ToolFormat:
 
     # -- the grammar -----------------------------------------------------------------------------
     def grammar(self, tools: list[Tool], mode: str, parallel: bool = True) -> str | None:
-        """The Lark grammar for ``mode``: auto = prose or calls; required = calls; named = that call."""
+        """The Lark grammar for ``mode``: auto = prose or calls (prose then calls where ``lead_prose``);
+        required = calls; named = that call."""
         if mode == "none":
             return None
         chosen = tools if mode in ("auto", "required") else [t for t in tools if t.name == mode]
         many = parallel and mode in ("auto", "required")
+        lead = mode == "auto" and self.lead_prose
         one = " ".join(x for x in (self._lit(self.sep), "call") if x)
-        body = "call" + (f" ({one}){{0,{MAX_PARALLEL_CALLS - 1}}}" if many else "")
-        calls = " ".join(x for x in (self._lit(self.prefix), body, self._lit(self.suffix)) if x)
+        more = f" ({one}){{0,{MAX_PARALLEL_CALLS - 1}}}" if many else ""
+        calls = " ".join(x for x in (self._lit(self.prefix), "call" + more, self._lit(self.suffix)) if x)
         lines = [f"calls: {calls}", "call: " + " | ".join(f"call_{i}" for i in range(len(chosen)))]
+        if lead:  # prose and the opening marker are one lexeme, which ends where the marker does
+            lines += [f"lead: LEAD first{more} {self._lit(self.suffix)}".rstrip(),
+                      "first: " + " | ".join(f"first_{i}" for i in range(len(chosen)))]
         for i, t in enumerate(chosen):
-            rule = " ".join(x for x in (self._lit(self.head_text(t.name)), f"args_{i}", self._lit(self.tail_text())) if x)
-            lines.append(f"call_{i}: {rule}")
+            head, tail = self.head_text(t.name), self._lit(self.tail_text())
+            lines.append(f"call_{i}: " + " ".join(x for x in (self._lit(head), f"args_{i}", tail) if x))
+            if lead:
+                lines.append(f"first_{i}: " + " ".join(x for x in (self._lit(head[len(self.open):]), f"args_{i}", tail)
+                                                       if x))
             # only the declared properties unless the schema says otherwise: a small model pads calls
             # with invented keys when JSON's default (extra keys allowed) is left open
             args = {"type": "object", "additionalProperties": False, **t.parameters}
             lines.append(f"args_{i}: {schema_lark(args)}")
-        start = "start: TEXT | calls" if mode == "auto" else "start: calls"
-        return "\n".join([f"{TOOL_MARK} {self.name}", start, *lines, f"TEXT: /{self.prose()}/", ""])
+        if lead:
+            opener = _regex_literal(self.opener)
+            lines += [f"LEAD: /[\\s\\S]*{opener}/ & ~/[\\s\\S]*{opener}[\\s\\S]+/",
+                      f"TEXT: /[\\s\\S]+/ & ~/[\\s\\S]*{opener}[\\s\\S]*/"]
+        else:
+            lines.append(f"TEXT: /{self.prose()}/")
+        start = ("start: TEXT | lead" if lead else "start: TEXT | calls") if mode == "auto" else "start: calls"
+        mark = f"{TOOL_MARK} {self.name}" + (f" {LEAD}" if lead else "")
+        return "\n".join([mark, start, *lines, ""])
+
+    @property
+    def opener(self) -> str:
+        r"""The text that begins a list of calls (``<tool_call>\n``, ``[TOOL_CALLS][``; Llama 3: none)."""
+        return self.prefix + self.open
+
+    @property
+    def lead_prose(self) -> bool:
+        """Whether prose may come before the calls under ``auto`` ("Let me check." then a call, or
+        a Qwen3 model's thinking): where the calls begin with a marker the parser sees in the text
+        (Hermes' ``<tool_call>``, Gemma's fence, a marker spelled out in ordinary tokens). Not where
+        the marker is a special token that the decoder drops (Mistral's tekken, Phi-4-mini), nor
+        before Llama 3's bare ``{`` or Mistral v11's bare name: the text would not show where the
+        prose ends and the call begins."""
+        return len(self.opener) > 1 and not self.specials and not self.name_first
 
     def prose(self) -> str:
-        """The regex of prose under ``auto``: it must not begin like a call (nor like an accepted prefix)."""
+        """The regex of prose under ``auto`` where it cannot come before a call (``lead_prose``
+        false): it must not begin like a call (nor like an accepted prefix)."""
         lead = self.open + "{"
         first = _char_class("".join((s + lead)[0] for s in (self.prefix, visible(self.prefix), *self.accept)))
         return f"[^{first}][\\s\\S]*"

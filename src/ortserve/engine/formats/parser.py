@@ -28,6 +28,7 @@ class ToolCallParser:
     """
 
     fmt: ToolFormat = HERMES
+    lead: bool | None = None  # prose may come before the calls (the grammar says; default: ``fmt.lead_prose``)
     calls: list[ToolCall] = field(default_factory=list)
     content: str = ""
     repeated: bool = False    # a call repeated an earlier one: it was dropped and the answer ends there
@@ -44,6 +45,9 @@ class ToolCallParser:
         self._head = re.compile(re.escape(f.open) + r'\{"name": "([^"]*)", "' + re.escape(f.key) + '": ')
         # what may begin a list of calls: the prefix (or none when a decoder dropped a special token)
         self._starts = sorted({f.prefix, _visible(f.prefix), *f.accept}, key=len, reverse=True)
+        if self.lead is None:
+            self.lead = f.lead_prose
+        self._opener = f.opener + "{"  # where calls begin after prose (``lead``)
 
     def feed(self, text: str) -> list[Delta]:
         if self._state == "end":
@@ -69,6 +73,11 @@ class ToolCallParser:
         return out
 
     @property
+    def in_prose(self) -> bool:
+        """Whether the text so far ends in prose (or may still begin a call)."""
+        return self._state in ("start", "text")
+
+    @property
     def in_arguments(self) -> bool:
         """Whether the text so far ends inside a call's arguments."""
         return self._state == "args"
@@ -91,9 +100,7 @@ class ToolCallParser:
             if not any((s + lead).startswith(buf) for s in self._starts):
                 self._state = "text"
         elif self._state == "text":
-            self.content += buf
-            out.append(Delta(content=buf))
-            self._buf = ""
+            self._text(buf, out)
         elif self._state == "head":
             m = self._head.match(buf)
             if m:
@@ -104,6 +111,28 @@ class ToolCallParser:
             self._args(buf, out)
         elif self._state == "tail":
             self._tail(buf)
+
+    def _text(self, buf: str, out: list[Delta]) -> None:
+        """Prose: all of it, or (``lead``, before the first call) up to where the calls begin. Text
+        that may be the start of the opening marker, and blank text before any prose, wait for more."""
+        piece = buf
+        if self.lead and not self.calls:
+            at = buf.find(self._opener)
+            if at >= 0:
+                if self.content or buf[:at].strip():  # only blank text before the calls: no content
+                    self.content += buf[:at]
+                    out.append(Delta(content=buf[:at]))
+                self._buf, self._state = buf[at + len(self.fmt.prefix):], "head"
+                return
+            keep = next((k for k in range(min(len(buf), len(self._opener) - 1), 0, -1)
+                         if buf.endswith(self._opener[:k])), 0)
+            piece = buf[:len(buf) - keep]
+            if not self.content and not piece.strip():
+                return  # blank so far: prose or the calls may follow
+        if piece:
+            self.content += piece
+            out.append(Delta(content=piece))
+            self._buf = buf[len(piece):]
 
     def _named_head(self, buf: str, out: list[Delta]) -> None:
         """``name[ARGS]{`` (Mistral v11): a call starts, or the text is prose (first), or more is needed."""
