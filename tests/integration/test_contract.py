@@ -52,11 +52,20 @@ def test_unknown_field_is_a_400_naming_it(srv: ServerThread, path: str) -> None:
     ("repeat_penalty", 1.1), ("mirostat", 2), ("reasoning_effort", "low"),
 ])
 def test_refused_fields_are_a_400_naming_them(srv: ServerThread, path: str, field: str, value: object) -> None:
-    if path == "/v1/chat/completions" and (field in TOOL_FIELDS or field == "top_logprobs"):
-        return  # served there (tests/integration/test_tools_api.py)
+    if path == "/v1/chat/completions" and (field in TOOL_FIELDS or field in ("top_logprobs", "reasoning_effort")):
+        return  # served there (tests/integration/test_tools_api.py, test_reasoning.py, and below)
     err = assert_400(post(srv, path, **{field: value}), field, "unsupported_parameter")
     assert OPENAI_REFUSED[field] in err["message"]
     assert post(srv, path, **{field: None}).status_code == 200  # null is the same as leaving it out
+
+
+def test_reasoning_effort_on_chat_takes_openais_levels(srv: ServerThread) -> None:
+    """A model that does not think answers the same at every level (docs/reasoning.md); an unknown
+    level is a 400 naming the field."""
+    assert post(srv, "/v1/chat/completions", reasoning_effort="none").status_code == 200
+    assert post(srv, "/v1/chat/completions", reasoning_effort="high").status_code == 200
+    r = post(srv, "/v1/chat/completions", reasoning_effort="extreme")
+    assert r.status_code == 400 and r.json()["error"]["param"] == "reasoning_effort"
 
 
 @pytest.mark.parametrize("body,param", [

@@ -1,17 +1,14 @@
 r"""Prose before a tool call under ``tool_choice: auto`` ("Let me check." then the call), end to end.
 
 No real small model reliably writes prose and then a call, so the test material is a real ONNX model
-whose weights write a fixed text: a one-layer Llama with the SmolLM2 tokenizer whose attention and
-MLP outputs are zero, so each step's hidden state is the current token's embedding, and whose
-untied LM head maps each scripted token's embedding to the next scripted token (a bigram table).
-Greedy, it writes "Let me check." and then Hermes' ``<tool_call>\n``; the grammar forces the call
-that follows. Served on 127.0.0.1 and read with the real openai and anthropic clients: Chat
-Completions, Responses and Messages each return the prose and the call, streamed and not.
+whose weights write a fixed text (tests/scripted.py) with the SmolLM2 tokenizer: "Let me check." and
+then Hermes' ``<tool_call>\n``; the grammar forces the call that follows. Served on 127.0.0.1 and
+read with the real openai and anthropic clients: Chat Completions, Responses and Messages each return
+the prose and the call, streamed and not.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +16,7 @@ from pathlib import Path
 import anthropic
 import pytest
 from openai import OpenAI
+from scripted import build
 from servers import ServerThread
 
 PROSE = ["Let", " me", " check", "."]
@@ -28,46 +26,9 @@ TIME = {"type": "function", "function": {"name": "get_time", "description": "The
 ASK = [{"role": "user", "content": "What time is it?"}]
 
 
-def scripted_llama(out: Path, tokenizer_dir: Path) -> Path:
-    """The HF model described above: after the prompt's last token it writes PROSE + OPENER."""
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
-    ids = [tok.convert_tokens_to_ids(tok.tokenize(t))[0] for t in PROSE + OPENER]
-    assert all(len(tok.tokenize(t)) == 1 for t in PROSE + OPENER)
-    prompt = tok.encode(tok.apply_chat_template(ASK, tokenize=False, add_generation_prompt=True),
-                        add_special_tokens=False)
-    chain = [prompt[-1], *ids]  # the generation prompt ends with "\n", which OPENER also ends with
-    assert len(set(chain[:-1])) == len(chain) - 1  # each token of the chain has one successor
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-                      tie_word_embeddings=False, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                      pad_token_id=tok.pad_token_id)
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(cfg).eval()
-    with torch.no_grad():
-        layer = model.model.layers[0]
-        layer.self_attn.o_proj.weight.zero_()
-        layer.mlp.down_proj.weight.zero_()
-        emb, head = model.model.embed_tokens.weight, model.lm_head.weight
-        head.zero_()
-        for k, (cur, nxt) in enumerate(itertools.pairwise(chain)):
-            emb[cur] = 0.0
-            emb[cur, k] = 1.0
-            head[nxt, k] = 10.0
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(out))
-    tok.save_pretrained(str(out))
-    return out
-
-
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory: pytest.TempPathFactory, smollm2_tokenizer_dir: Path) -> Iterator[ServerThread]:
-    from ortserve.models.convert import build_onnx
-
-    hf = scripted_llama(tmp_path_factory.mktemp("scripted-hf") / "hf", smollm2_tokenizer_dir)
-    model = build_onnx(hf, tmp_path_factory.mktemp("scripted-onnx") / "model", precision="fp32")
+    model = build(tmp_path_factory.mktemp("scripted"), smollm2_tokenizer_dir, PROSE + OPENER)
     with ServerThread(model, model_id="scripted") as s:
         yield s
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ortserve.engine.formats import FALLBACK, Tool, ToolFormat, choose
+from ortserve.engine.reasoning import left_open, thinks
 from ortserve.errors import InvalidRequest, ModelError
 
 log = logging.getLogger("ortserve.engine")
@@ -37,12 +38,14 @@ class TextCodec:
         self._compiled: Any = None
         # the tool-call syntax this model speaks (engine/formats/registry.py decides; the manifest may say)
         override = _read_json(model_dir / "ortserve.json").get("tool_format")
-        specials = {t.content: i for i, t in self.tokenizer.get_added_tokens_decoder().items() if t.special}
+        added = {t.content: i for i, t in self.tokenizer.get_added_tokens_decoder().items()}
+        specials = {t: i for t, i in added.items() if self.tokenizer.get_added_tokens_decoder()[i].special}
         try:
             fmt, source = choose(template, specials, override if isinstance(override, str) else None)
         except InvalidRequest as exc:
             raise ModelError(f"{model_dir / 'ortserve.json'}: {exc.message}") from exc
-        self.tool_format = fmt.bind(specials)
+        self.tool_format = fmt.bind(added, set(specials))
+        self.added_tokens = added
         self.tool_format_source = source
         log.info("%s: tool calls in the %s syntax (from its %s)", model_dir.name, fmt.name, source)
 
@@ -56,20 +59,51 @@ class TextCodec:
         return self.tokenizer.token_to_id(text)
 
     @property
+    def thinks(self) -> bool:
+        """Whether the model writes reasoning in ``<think>`` blocks (engine/reasoning.py)."""
+        return thinks(self.chat_template)
+
+    def answer_starts_thinking(self, thinking: bool | None = None) -> bool:
+        """Whether this template's generation prompt opens a ``<think>`` block (DeepSeek-R1's), so
+        the answer starts inside it; ``thinking`` as for ``render_chat``."""
+        known: dict[bool | None, bool] = self.__dict__.setdefault("_opens", {})  # per template, once
+        if thinking not in known:
+            known[thinking] = self.thinks and left_open(
+                self.render_chat([{"role": "user", "content": "x"}], thinking=thinking))
+        return known[thinking]
+
+    def think_lark(self, thinking: bool | None = None) -> str | None:
+        """The Lark of this model's reasoning block for a tool grammar (``ToolFormat.grammar``'s
+        ``think``), where its markers are single tokens (a grammar's text cannot write those); None
+        where it has none, or where the markers are ordinary text that prose already covers."""
+        from ortserve.engine.reasoning import CLOSE, OPEN
+
+        ids = [getattr(self, "added_tokens", {}).get(m) for m in (OPEN, CLOSE)]
+        if not self.thinks or None in ids:
+            return None
+        if self.answer_starts_thinking(thinking):  # the prompt opened the block: it comes first
+            return f"THOUGHT <[{ids[1]}]>"
+        return None if thinking is False else f"<[{ids[0]}]> THOUGHT <[{ids[1]}]>"
+
+    @property
     def supports_tools(self) -> bool:
         """Whether the model's template renders the ``tools`` variable itself."""
         return bool(self.chat_template) and "tools" in (self.chat_template or "")
 
     def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-                    tools: list[Tool] | None = None) -> str:
+                    tools: list[Tool] | None = None, thinking: bool | None = None) -> str:
         """Apply the model's own chat template to OpenAI-style messages.
 
         Tools and tool messages go through the template's own ``tools`` support when it has
         some; otherwise through the documented fallback (tools described in the system prompt).
+        ``thinking=False`` turns a thinking model's reasoning off (its template's ``enable_thinking``);
+        None leaves the template's default.
         """
         check_messages(messages)
         uses_tools = bool(tools) or any(m.get("tool_calls") or m["role"] == "tool" for m in messages)
         extra: dict[str, Any] = {}
+        if thinking is not None and self.thinks:
+            extra["enable_thinking"] = thinking
         if uses_tools and self.supports_tools:
             messages = self.tool_format.hf_messages(messages, tools)
             extra["tools"] = [t.as_openai() for t in tools] if tools else None

@@ -85,13 +85,16 @@ def response_constraint(rf: Any, param: str = "response_format") -> Constraint |
 
 
 def constrain(engine: AsyncEngine, params: SamplingParams, constraint: Constraint | None,
-              plan: ToolPlan | None = None) -> SamplingParams:
-    """SamplingParams with the request's grammar, compiled now so a bad one is a 400 naming its field."""
+              plan: ToolPlan | None = None, thinking: bool | None = None) -> SamplingParams:
+    """SamplingParams with the request's grammar, compiled now so a bad one is a 400 naming its field.
+    Under ``auto``, a thinking model's reasoning block may come before the answer (``thinking``: as
+    the prompt is rendered)."""
     if plan is not None and plan.calls_possible:
         if constraint is not None:
             raise InvalidRequest("'response_format' cannot be combined with tools unless tool_choice is 'none'",
                                  param="response_format")
-        grammar = plan.fmt.grammar(plan.tools, plan.mode, plan.parallel)
+        think = engine.codec.think_lark(thinking) if plan.mode == "auto" else None
+        grammar = plan.fmt.grammar(plan.tools, plan.mode, plan.parallel, think)
         constraint = Constraint("grammar", grammar or "", "functions" if plan.legacy else "tools")
     if constraint is None:
         return params

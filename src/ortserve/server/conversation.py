@@ -25,6 +25,7 @@ from typing import Any
 
 from ortserve.engine import AsyncEngine, RequestHandle
 from ortserve.engine.formats import ToolCallParser
+from ortserve.engine.reasoning import ReasoningSplitter
 from ortserve.errors import InvalidRequest, OrtServeError
 from ortserve.models.sampling import defaults_for
 from ortserve.providers.structured import ToolPlan, constrain, plan_tools, response_constraint
@@ -57,10 +58,20 @@ class ChatTurn:
     max_tokens_is_ceiling: bool = False
     # this API's name for an internal field, so a 400 names what the client sent
     names: dict[str, str] = field(default_factory=dict)
+    thinking: bool | None = None  # False: a thinking model answers without reasoning (None: its default)
 
 
 @dataclass
 class TextDelta:
+    choice: int
+    text: str
+    logprobs: list[Any] | None = None
+
+
+@dataclass
+class ReasoningDelta:
+    """More of a thinking model's reasoning (engine/reasoning.py), before its answer."""
+
     choice: int
     text: str
     logprobs: list[Any] | None = None
@@ -92,7 +103,7 @@ class Finished:
     logprobs: list[Any] | None = None
 
 
-Event = TextDelta | CallStart | CallArguments | Finished
+Event = ReasoningDelta | TextDelta | CallStart | CallArguments | Finished
 
 
 @dataclass
@@ -112,6 +123,7 @@ class Choice:
     metrics: Metrics
     stop_sequence: str | None = None
     logprobs: list[Any] | None = None
+    reasoning: str = ""  # a thinking model's reasoning, apart from ``text``
 
 
 @dataclass
@@ -119,6 +131,7 @@ class Usage:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0
+    reasoning_tokens: int = 0  # of completion_tokens: the reasoning's
 
     @property
     def total_tokens(self) -> int:
@@ -153,6 +166,8 @@ class Conversation:
         # `auto`, an answer whose calls were all made before (same name, same arguments) is replaced
         # by a text answer over the results it already has (tool_choice "none"): the loop ends.
         self.made = made_calls(turn.messages) if plan is not None and plan.mode == "auto" else set()
+        self.thinking_open: bool | None = None  # split reasoning out: the answer starts inside a block
+        self.reasoning = ["" for _ in handles]   # each choice's, for usage
 
     @classmethod
     async def start(cls, st: ServerState, turn: ChatTurn, span: Any) -> Conversation:
@@ -175,13 +190,22 @@ class Conversation:
             headers = sampling.sampling_headers(params, defaults)
             plan = plan_tools(turn)
             plan = plan.for_engine(engine) if plan is not None else None
-            params = constrain(engine, params, response_constraint(turn.response_format), plan)
+            output = response_constraint(turn.response_format)
+            # a thinking model reasons where its answer is free text (or prose before calls); under a
+            # stricter grammar it answers directly, since the grammar has no room for reasoning
+            calls = plan is not None and plan.calls_possible
+            free = (output is None and not calls) or bool(calls and plan.mode == "auto" and plan.fmt.lead_prose)
+            thinking = turn.thinking if free else False
+            params = constrain(engine, params, output, plan, thinking)
         except InvalidRequest as err:
             raise _renamed(err, turn.names) from None
         params = replace(params, logprobs=turn.logprobs)
         handles = submit_n(engine, turn.n, params, messages=turn.messages,
-                           tools=plan.prompt_tools() if plan else None)
-        return cls(st, engine, handles, plan, headers, turn, span)
+                           tools=plan.prompt_tools() if plan else None, thinking=thinking)
+        conv = cls(st, engine, handles, plan, headers, turn, span)
+        if engine.codec.thinks and free:
+            conv.thinking_open = engine.codec.answer_starts_thinking(thinking)
+        return conv
 
     @property
     def prompt_tokens(self) -> int:
@@ -189,7 +213,11 @@ class Conversation:
 
     def usage(self, metrics: list[Metrics]) -> Usage:
         cached = max((getattr(m, "cached_tokens", 0) or 0 for m in metrics), default=0)
-        return Usage(self.prompt_tokens, sum(m.output_tokens for m in metrics), cached)
+        thought = sum(len(self.engine.codec.encode(r, add_special_tokens=False)) for r in self.reasoning if r)
+        return Usage(self.prompt_tokens, sum(m.output_tokens for m in metrics), cached, thought)
+
+    def _splitter(self) -> ReasoningSplitter | None:
+        return ReasoningSplitter(self.thinking_open) if self.thinking_open is not None else None
 
     def _parser(self) -> ToolCallParser | None:
         return self.plan.parser() if self.plan else None
@@ -208,6 +236,7 @@ class Conversation:
     async def events(self) -> AsyncIterator[Event]:
         """The choices' events as they are generated; an engine failure raises its OrtServeError."""
         parsers = [self._parser() for _ in self.handles]
+        splitters = [self._splitter() for _ in self.handles]
         held: list[list[Any]] = [[] for _ in self.handles]  # logprobs of tokens whose text is not out yet
         calls: list[list[Event]] = [[] for _ in self.handles]  # held back while a call could be a repeat
 
@@ -219,12 +248,21 @@ class Conversation:
             if ev.finish_reason == "error":
                 raise engine_error(ev)
             held[i] += ev.logprobs or []
-            parser = parsers[i]
+            parser, splitter, texts = parsers[i], splitters[i], [ev.text]
+            if splitter is not None:  # reasoning first, the answer's text after it
+                texts = []
+                for thought, piece in splitter.feed(ev.text) + (splitter.finish() if ev.finished else []):
+                    if thought:
+                        self.reasoning[i] += piece
+                        yield ReasoningDelta(i, piece, take(i))
+                    else:
+                        texts.append(piece)
             if parser is None:
-                if ev.text:
-                    yield TextDelta(i, ev.text, take(i))
+                for piece in texts:
+                    if piece:
+                        yield TextDelta(i, piece, take(i))
             else:  # tool calls: their arguments go out as they are generated
-                for d in parser.feed(ev.text) + (parser.finish() if ev.finished else []):
+                for d in [d for t in texts for d in parser.feed(t)] + (parser.finish() if ev.finished else []):
                     if d.index < 0 and d.content:
                         yield TextDelta(i, d.content, take(i))
                     elif d.index >= 0:
@@ -253,12 +291,17 @@ class Conversation:
 
         answers = await unless_disconnected(request, asyncio.gather(*(collect(h) for h in self.handles)))
         out = []
-        for a in answers:
+        for i, a in enumerate(answers):
             self.st.record(self.span, a.metrics, a.finish_reason)
-            parser = self._parser()
-            text, calls = a.text, []
+            parser, splitter = self._parser(), self._splitter()
+            text, calls, thought = a.text, [], ""
+            if splitter is not None:
+                splitter.feed(a.text)
+                splitter.finish()
+                text, thought = splitter.content, splitter.reasoning
+                self.reasoning[i] = thought
             if parser is not None:
-                parser.feed(a.text)
+                parser.feed(text)
                 parser.finish()
                 text = parser.content
                 calls = [ToolCall(c.id, c.name, c.arguments) for c in parser.calls]
@@ -266,7 +309,7 @@ class Conversation:
                 out += await (await self._in_text()).choices(request)
                 continue
             out.append(Choice(text, calls, self._finish(a.finish_reason, parser), a.metrics,
-                              a.stop_sequence, a.logprobs))
+                              a.stop_sequence, a.logprobs, thought))
         return out
 
     def abort(self) -> None:

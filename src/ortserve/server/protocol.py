@@ -36,7 +36,7 @@ OPENAI_REFUSED: dict[str, str] = {
     "top_logprobs": "logprobs are served on /v1/chat/completions and /v1/completions",
     "audio": "audio output is not supported",
     "prediction": "predicted outputs are not supported",
-    "reasoning_effort": "the served models do not reason",
+    "reasoning_effort": "reasoning is served on /v1/chat/completions",
     "verbosity": "the served models have no verbosity control",
     "web_search_options": "web search is not supported (ortserve is offline)",
     # llama.cpp / Ollama names that do not map exactly onto ours
@@ -87,6 +87,7 @@ class Message(_Contract):
     content: str | list[dict[str, Any]] | None = ""
     tool_calls: list[dict[str, Any]] | None = None  # assistant: the calls it made
     tool_call_id: str | None = None                 # tool: the call this result answers
+    reasoning_content: str | None = None            # assistant: a thinking model's reasoning, as returned
     # What the openai client echoes back on assistant messages (null or empty): accepted as such.
     IGNORED: ClassVar[frozenset[str]] = frozenset({"annotations"})
     REFUSED: ClassVar[dict[str, str]] = {
@@ -125,6 +126,8 @@ class Message(_Contract):
             out["tool_calls"] = self.tool_calls
         if self.tool_call_id is not None:
             out["tool_call_id"] = self.tool_call_id
+        if self.reasoning_content:  # Qwen3's template writes it back for the turns after the last question
+            out["reasoning_content"] = self.reasoning_content
         return out
 
 
@@ -252,10 +255,13 @@ class ChatCompletionRequest(_Sampling):
     parallel_tool_calls: bool | None = None
     functions: list[Any] | None = None             # legacy: mapped onto tools
     function_call: str | dict[str, Any] | None = None
+    # a thinking model (Qwen3, engine/reasoning.py) has no effort levels: "none" turns its reasoning
+    # off, any other level leaves it on; a model that does not think answers the same either way
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
     IGNORED: ClassVar[frozenset[str]] = OPENAI_IGNORED
     top_logprobs: int | None = Field(None, ge=0, le=20)
     REFUSED: ClassVar[dict[str, str]] = {k: v for k, v in OPENAI_REFUSED.items()
-                                         if k not in TOOL_FIELDS and k != "top_logprobs"}
+                                         if k not in TOOL_FIELDS and k not in ("top_logprobs", "reasoning_effort")}
 
     @model_validator(mode="before")
     @classmethod

@@ -70,6 +70,7 @@ NOT_ROUTED = {
     "functions": "the legacy 'functions' are not carried through the router; send 'tools'",
     "function_call": "the legacy 'function_call' is not carried through the router; send 'tool_choice'",
     "keep_alive": "keep_alive applies to a local model named in the request, not to 'auto' or a provider",
+    "reasoning_effort": "reasoning_effort applies to a local thinking model, not to 'auto' or a provider",
 }
 
 

@@ -72,6 +72,9 @@ def new_call_id() -> str:
 
 
 SPECIAL_MARKERS = ("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]", "<|tool_call|>", "<|/tool_call|>")
+# markers that are one token in some vocabularies without being special: Qwen's <tool_call> is an
+# added token that decoders keep, so the text still shows it (``ToolFormat.bind``)
+TOKEN_MARKERS = (*SPECIAL_MARKERS, "<tool_call>", "</tool_call>")
 
 
 def visible(marker: str) -> str:
@@ -110,17 +113,22 @@ class ToolFormat:
     # asks for the token the model was trained to write, not the marker spelled out in ordinary tokens
     specials: tuple[tuple[str, int], ...] = ()
     name_first: bool = False       # calls are ``name`` + arguments, not a JSON object with a name (``read_head``)
+    dropped: tuple[str, ...] = ()  # of ``specials``: the markers a decoder skips (special tokens)
 
-    def bind(self, vocab: dict[str, int]) -> ToolFormat:
-        """This format for a model whose special tokens are ``vocab`` (text -> id)."""
+    def bind(self, vocab: dict[str, int], dropped: set[str] | None = None) -> ToolFormat:
+        """This format for a model whose added tokens are ``vocab`` (text -> id), ``dropped`` of them
+        special (a decoder skips them; None: all of them)."""
         envelope = self.prefix + self.suffix + self.head_text("f") + self.tail_text()
-        found = tuple((m, vocab[m]) for m in SPECIAL_MARKERS if m in vocab and m in envelope)
-        return replace(self, specials=found)
+        found = tuple((m, vocab[m]) for m in TOKEN_MARKERS if m in vocab and m in envelope)
+        return replace(self, specials=found,
+                       dropped=tuple(m for m, _ in found if dropped is None or m in dropped))
 
     # -- the grammar -----------------------------------------------------------------------------
-    def grammar(self, tools: list[Tool], mode: str, parallel: bool = True) -> str | None:
+    def grammar(self, tools: list[Tool], mode: str, parallel: bool = True, think: str | None = None) -> str | None:
         """The Lark grammar for ``mode``: auto = prose or calls (prose then calls where ``lead_prose``);
-        required = calls; named = that call."""
+        required = calls; named = that call. ``think``: under auto, the Lark of a thinking model's
+        reasoning block, which may come first (``THOUGHT`` between its two marker tokens; starting
+        with ``THOUGHT`` when the prompt opened the block, and then it must come first)."""
         if mode == "none":
             return None
         chosen = tools if mode in ("auto", "required") else [t for t in tools if t.name == mode]
@@ -130,26 +138,34 @@ class ToolFormat:
         more = f" ({one}){{0,{MAX_PARALLEL_CALLS - 1}}}" if many else ""
         calls = " ".join(x for x in (self._lit(self.prefix), "call" + more, self._lit(self.suffix)) if x)
         lines = [f"calls: {calls}", "call: " + " | ".join(f"call_{i}" for i in range(len(chosen)))]
-        if lead:  # prose and the opening marker are one lexeme, which ends where the marker does
+        # the opening marker spelled out: prose and the marker are one lexeme, which ends where the
+        # marker does; a marker that is one token ends any prose lexeme by itself
+        spelled = lead and not any(m in self.opener for m, _ in self.specials)
+        if spelled:
             lines += [f"lead: LEAD first{more} {self._lit(self.suffix)}".rstrip(),
                       "first: " + " | ".join(f"first_{i}" for i in range(len(chosen)))]
         for i, t in enumerate(chosen):
             head, tail = self.head_text(t.name), self._lit(self.tail_text())
             lines.append(f"call_{i}: " + " ".join(x for x in (self._lit(head), f"args_{i}", tail) if x))
-            if lead:
+            if spelled:
                 lines.append(f"first_{i}: " + " ".join(x for x in (self._lit(head[len(self.open):]), f"args_{i}", tail)
                                                        if x))
             # only the declared properties unless the schema says otherwise: a small model pads calls
             # with invented keys when JSON's default (extra keys allowed) is left open
             args = {"type": "object", "additionalProperties": False, **t.parameters}
             lines.append(f"args_{i}: {schema_lark(args)}")
-        if lead:
-            opener = _regex_literal(self.opener)
-            lines += [f"LEAD: /[\\s\\S]*{opener}/ & ~/[\\s\\S]*{opener}[\\s\\S]+/",
-                      f"TEXT: /[\\s\\S]+/ & ~/[\\s\\S]*{opener}[\\s\\S]*/"]
+        if lead:  # the marker spelled out never appears in prose: it always begins calls
+            opener = _regex_literal(self.opener)  # as the text shows it: no marker of a lead format is dropped
+            lines.append(f"TEXT: /[\\s\\S]+/ & ~/[\\s\\S]*{opener}[\\s\\S]*/")
+            if spelled:
+                lines.append(f"LEAD: /[\\s\\S]*{opener}/ & ~/[\\s\\S]*{opener}[\\s\\S]+/")
         else:
             lines.append(f"TEXT: /{self.prose()}/")
-        start = ("start: TEXT | lead" if lead else "start: TEXT | calls") if mode == "auto" else "start: calls"
+        body = ("TEXT | lead" if spelled else "TEXT | TEXT? calls") if lead else "TEXT | calls"
+        if think is not None and mode == "auto":  # a thinking model may reason first (engine/reasoning.py)
+            lines += [f"think: {think}", "THOUGHT: /[\\s\\S]*/"]
+            body = f"think? ({body})" if not think.startswith("THOUGHT") else f"think ({body})"
+        start = f"start: {body}" if mode == "auto" else "start: calls"
         mark = f"{TOOL_MARK} {self.name}" + (f" {LEAD}" if lead else "")
         return "\n".join([mark, start, *lines, ""])
 
@@ -163,10 +179,11 @@ class ToolFormat:
         """Whether prose may come before the calls under ``auto`` ("Let me check." then a call, or
         a Qwen3 model's thinking): where the calls begin with a marker the parser sees in the text
         (Hermes' ``<tool_call>``, Gemma's fence, a marker spelled out in ordinary tokens). Not where
-        the marker is a special token that the decoder drops (Mistral's tekken, Phi-4-mini), nor
+        the marker is a special token that the decoder drops (Mistral's tekken, Phi-4-mini; Qwen's
+        ``<tool_call>`` is one token the decoder keeps), nor
         before Llama 3's bare ``{`` or Mistral v11's bare name: the text would not show where the
         prose ends and the call begins."""
-        return len(self.opener) > 1 and not self.specials and not self.name_first
+        return len(self.opener) > 1 and not self.dropped and not self.name_first
 
     def prose(self) -> str:
         """The regex of prose under ``auto`` where it cannot come before a call (``lead_prose``

@@ -25,6 +25,7 @@ from ortserve.server.conversation import (
     ChatTurn,
     Conversation,
     Finished,
+    ReasoningDelta,
     TextDelta,
     Usage,
     error_of,
@@ -114,7 +115,7 @@ def messages_of(body: MessagesRequest | CountRequest) -> list[dict[str, Any]]:
         if not isinstance(content, list):
             raise InvalidRequest(f"'messages.{i}.content' must be a string or a list of blocks",
                                  param=f"messages.{i}.content")
-        text, calls = [], []
+        text, calls, thought = [], [], ""
         for j, b in enumerate(content):
             where = f"messages.{i}.content.{j}"
             kind = b.get("type") if isinstance(b, dict) else None
@@ -127,8 +128,10 @@ def messages_of(body: MessagesRequest | CountRequest) -> list[dict[str, Any]]:
                 result = _text(b.get("content", ""), f"{where}.content")
                 out.append({"role": "tool", "tool_call_id": b.get("tool_use_id"),
                             "content": ("Error: " + result) if b.get("is_error") else result})
-            elif kind in ("thinking", "redacted_thinking"):
-                continue  # another model's thinking: not part of these models' templates
+            elif kind == "thinking" and role == "assistant" and isinstance(b.get("thinking"), str):
+                thought += b["thinking"]  # a thinking model's template writes it back (Qwen3)
+            elif kind == "redacted_thinking":
+                continue  # encrypted: nothing a local template can write
             else:
                 raise InvalidRequest(f"'{where}.type' {kind!r} is not supported here (text, tool_use in assistant "
                                      "turns, tool_result in user turns)", param=f"{where}.type")
@@ -136,6 +139,8 @@ def messages_of(body: MessagesRequest | CountRequest) -> list[dict[str, Any]]:
             msg: dict[str, Any] = {"role": role, "content": "".join(text)}
             if calls:
                 msg["tool_calls"] = calls
+            if thought:
+                msg["reasoning_content"] = thought
             out.append(msg)
     return out
 
@@ -172,7 +177,8 @@ def choice_of(choice: dict[str, Any] | None) -> tuple[Any, bool | None]:
 
 
 def _check(st: ServerState, body: MessagesRequest | CountRequest) -> None:
-    # "adaptive" lets the model decide whether to think; these models never do, which it allows
+    # "adaptive" lets the model decide whether to think: a thinking model (Qwen3) does, and its
+    # reasoning comes back as thinking blocks; "enabled" asks for a token budget no local model keeps
     if body.thinking is not None and body.thinking.get("type") not in ("disabled", "adaptive"):
         raise InvalidRequest("extended thinking is not supported by the served models (thinking.type "
                              "'disabled' or 'adaptive' only)", param="thinking.type")
@@ -190,6 +196,11 @@ def _check(st: ServerState, body: MessagesRequest | CountRequest) -> None:
                              param="model")
 
 
+def thinking_of(body: MessagesRequest | CountRequest) -> bool | None:
+    """As Anthropic's API: no thinking unless asked for ("adaptive": the model's own default)."""
+    return None if (body.thinking or {}).get("type") == "adaptive" else False
+
+
 def turn_of(body: MessagesRequest) -> ChatTurn:
     choice, parallel = choice_of(body.tool_choice)
     tools = tools_of(body.tools)
@@ -200,6 +211,7 @@ def turn_of(body: MessagesRequest) -> ChatTurn:
                               "stop": body.stop_sequences, "lora_scale": body.lora_scale},
                     tools=tools, tool_choice=choice, parallel_tool_calls=parallel,
                     response_format=format_of(body.output_config), max_tokens_is_ceiling=True,
+                    thinking=thinking_of(body),
                     names={"stop": "stop_sequences", "response_format": "output_config.format"})
 
 
@@ -228,7 +240,8 @@ async def create_message(body: MessagesRequest, request: Request) -> Any:
     if body.stream:
         return EventStream(_events(conv, mid), media_type="text/event-stream", headers={**SSE_HEADERS, **conv.headers})
     [c] = await conv.choices(request)
-    content: list[dict[str, Any]] = [{"type": "text", "text": c.text}] if c.text or not c.tool_calls else []
+    content: list[dict[str, Any]] = [{"type": "thinking", "thinking": c.reasoning, "signature": ""}] if c.reasoning else []
+    content += [{"type": "text", "text": c.text}] if c.text or not c.tool_calls else []
     content += [{"type": "tool_use", "id": t.id, "name": t.name, "input": json.loads(t.arguments)}
                 for t in c.tool_calls]
     stop = "stop_sequence" if c.stop_sequence else STOP.get(c.finish_reason, "end_turn")
@@ -249,7 +262,15 @@ async def _events(conv: Conversation, mid: str) -> AsyncIterator[str]:
     blocks: dict[int, int] = {}  # tool call index -> block index
     try:
         async for ev in conv.events():
-            if isinstance(ev, TextDelta):
+            if isinstance(ev, ReasoningDelta):
+                if kind != "thinking":
+                    if kind is not None:
+                        yield event("content_block_stop", index=block)
+                    block, kind = block + 1, "thinking"
+                    yield event("content_block_start", index=block,
+                                content_block={"type": "thinking", "thinking": "", "signature": ""})
+                yield event("content_block_delta", index=block, delta={"type": "thinking_delta", "thinking": ev.text})
+            elif isinstance(ev, TextDelta):
                 if kind != "text":
                     if kind is not None:
                         yield event("content_block_stop", index=block)
@@ -287,5 +308,6 @@ async def count_tokens(body: CountRequest, request: Request) -> Any:
 
     tools = parse_tools(tools_of(body.tools)) if body.tools else None
     choice, _ = choice_of(body.tool_choice)
-    ids, _ = engine.prepare(messages=messages_of(body), tools=tools if choice != "none" else None)
+    ids, _ = engine.prepare(messages=messages_of(body), tools=tools if choice != "none" else None,
+                            thinking=thinking_of(body))
     return {"input_tokens": len(ids)}

@@ -21,6 +21,7 @@ from ortserve.server.conversation import (
     ChatTurn,
     Conversation,
     Finished,
+    ReasoningDelta,
     TextDelta,
     Usage,
     error_of,
@@ -45,13 +46,14 @@ def turn_of(body: ChatCompletionRequest) -> ChatTurn:
                     tools=body.tools, tool_choice=body.tool_choice, parallel_tool_calls=body.parallel_tool_calls,
                     response_format=body.response_format, functions=body.functions,
                     function_call=body.function_call, n=body.n, logprobs=body.logprobs_count(),
-                    keep_alive=body.keep_alive,
+                    keep_alive=body.keep_alive, thinking=False if body.reasoning_effort == "none" else None,
                     names={"max_tokens": "max_completion_tokens"} if body.max_completion_tokens is not None else {})
 
 
 def usage_of(u: Usage) -> dict[str, Any]:
     return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
-            "total_tokens": u.total_tokens, "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
+            "total_tokens": u.total_tokens, "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+            "completion_tokens_details": {"reasoning_tokens": u.reasoning_tokens}}
 
 
 @router.post("/v1/chat/completions", response_model=None)
@@ -87,6 +89,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
             message = {"role": "assistant", "content": c.text or None,
                        "tool_calls": [{"id": t.id, "type": "function",
                                        "function": {"name": t.name, "arguments": t.arguments}} for t in c.tool_calls]}
+        if c.reasoning:  # a thinking model's reasoning, as llama-server and vLLM return it
+            message["reasoning_content"] = c.reasoning
         choices.append({"index": i, "message": message, "logprobs": chat_logprobs(codec, c.logprobs),
                         "finish_reason": c.finish_reason})
     u = conv.usage([c.metrics for c in answers])
@@ -94,8 +98,10 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
                         headers=conv.headers)
 
 
-def _delta(ev: TextDelta | CallStart | CallArguments, legacy: bool) -> dict[str, Any]:
+def _delta(ev: ReasoningDelta | TextDelta | CallStart | CallArguments, legacy: bool) -> dict[str, Any]:
     """One event as an OpenAI chunk delta (the legacy form streams message.function_call)."""
+    if isinstance(ev, ReasoningDelta):
+        return {"reasoning_content": ev.text}
     if isinstance(ev, TextDelta):
         return {"content": ev.text}
     if legacy:

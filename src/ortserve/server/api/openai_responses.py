@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse
 from pydantic import Field
 
 from ortserve.errors import InvalidRequest, NotFound, OrtServeError
+from ortserve.server.api.responses_input import choice_of, format_of, messages_of, namespaces_of, tools_of
 from ortserve.server.conversation import (
     CallArguments,
     CallStart,
@@ -26,6 +27,7 @@ from ortserve.server.conversation import (
     Choice,
     Conversation,
     Finished,
+    ReasoningDelta,
     TextDelta,
     Usage,
     error_of,
@@ -38,9 +40,6 @@ from ortserve.telemetry import span_of
 
 router = APIRouter()
 
-# Built-in OpenAI tools: each needs a service ortserve does not run (offline), so a 400 names it.
-BUILT_IN = {"web_search", "web_search_preview", "file_search", "computer_use_preview", "computer",
-            "code_interpreter", "image_generation", "mcp", "local_shell", "shell", "apply_patch", "custom"}
 # Values of `include` that ask for nothing these models produce (there is no reasoning to encrypt).
 INCLUDE_NOTHING = {"reasoning.encrypted_content"}
 
@@ -61,7 +60,8 @@ class ResponsesRequest(_Contract):
     previous_response_id: str | None = None
     metadata: dict[str, Any] | None = None
     include: list[str] | None = None
-    # The served models do not reason: a reasoning setting cannot change their answer (docs/agents.md).
+    # effort "none" turns a thinking model's reasoning off; the models have no other levels, so any
+    # other effort leaves it on, and a model that does not think answers the same (docs/agents.md)
     reasoning: dict[str, Any] | None = None
     truncation: Literal["disabled"] | None = None
     keep_alive: float | str | None = None  # ortserve extension, as on chat completions
@@ -77,103 +77,6 @@ class ResponsesRequest(_Contract):
         "context_management": "not supported",
         "prompt_cache_options": "not supported (prefix reuse is automatic)",
     }
-
-
-def _text_of(content: Any, where: str) -> str:
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise InvalidRequest(f"'{where}' must be a string or a list of content parts", param=where)
-    parts = []
-    for j, p in enumerate(content):
-        kind = p.get("type") if isinstance(p, dict) else None
-        if kind not in ("input_text", "output_text", "text") or not isinstance(p.get("text"), str):
-            raise InvalidRequest(f"'{where}.{j}.type' {kind!r} is not supported (text parts only)",
-                                 param=f"{where}.{j}.type")
-        parts.append(p["text"])
-    return "".join(parts)
-
-
-def messages_of(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Input items as plain chat messages; consecutive function calls join one assistant turn."""
-    if isinstance(items, str):
-        return [{"role": "user", "content": items}]
-    out: list[dict[str, Any]] = []
-    for i, item in enumerate(items):
-        where = f"input.{i}"
-        kind = item.get("type", "message")
-        if kind == "message":
-            role = item.get("role")
-            if role not in ("user", "assistant", "system", "developer"):
-                raise InvalidRequest(f"'{where}.role' must be user, assistant, system or developer", param=f"{where}.role")
-            out.append({"role": "system" if role == "developer" else role,
-                        "content": _text_of(item.get("content", ""), f"{where}.content")})
-        elif kind == "function_call":
-            if not isinstance(item.get("name"), str) or not isinstance(item.get("arguments"), str):
-                raise InvalidRequest(f"'{where}' needs 'name' and 'arguments' (a JSON string)", param=where)
-            call = {"id": item.get("call_id") or item.get("id") or f"call_{uuid.uuid4().hex[:24]}",
-                    "type": "function", "function": {"name": item["name"], "arguments": item["arguments"]}}
-            if out and out[-1]["role"] == "assistant" and out[-1].get("tool_calls") is not None:
-                out[-1]["tool_calls"].append(call)
-            else:
-                out.append({"role": "assistant", "content": "", "tool_calls": [call]})
-        elif kind == "function_call_output":
-            output = item.get("output")
-            text = output if isinstance(output, str) else _text_of(output, f"{where}.output")
-            out.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": text})
-        elif kind == "reasoning":
-            continue  # another model's reasoning: not part of these models' templates
-        else:
-            raise InvalidRequest(f"'{where}.type' {kind!r} is not supported (message, function_call, "
-                                 "function_call_output)", param=f"{where}.type")
-    return out
-
-
-def namespaces_of(tools: list[dict[str, Any]] | None) -> dict[str, str]:
-    """Function name -> its namespace, for the tools declared inside a ``namespace`` tool."""
-    return {f.get("name"): t.get("name") for t in tools or [] if isinstance(t, dict) and t.get("type") == "namespace"
-            for f in t.get("tools") or [] if isinstance(f, dict)}
-
-
-def flat(tools: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
-    """(where, tool) pairs with a namespace's functions in its place (the model sees plain functions)."""
-    out: list[tuple[str, dict[str, Any]]] = []
-    for i, t in enumerate(tools):
-        if isinstance(t, dict) and t.get("type") == "namespace":
-            out += [(f"tools.{i}.tools.{j}", f) for j, f in enumerate(t.get("tools") or [])]
-        else:
-            out.append((f"tools.{i}", t))
-    return out
-
-
-def tools_of(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
-    if tools is None:
-        return None
-    out = []
-    for where, t in flat(tools):
-        kind = t.get("type") if isinstance(t, dict) else None
-        if kind in BUILT_IN:
-            raise InvalidRequest(f"the built-in tool {kind!r} is not supported by ortserve (offline, no "
-                                 "hosted tools); declare a function tool instead", param=f"{where}.type",
-                                 code="unsupported_parameter")
-        if kind != "function":
-            raise InvalidRequest(f"'{where}.type' must be 'function' or 'namespace'", param=f"{where}.type")
-        out.append({"type": "function", "function": {k: t[k] for k in ("name", "description", "parameters")
-                                                      if k in t}})
-    return out
-
-
-def choice_of(choice: Any) -> Any:
-    if isinstance(choice, dict) and choice.get("type") == "function":
-        return {"type": "function", "function": {"name": choice.get("name")}}
-    return choice
-
-
-def format_of(text: dict[str, Any] | None) -> dict[str, Any] | None:
-    fmt = (text or {}).get("format")
-    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
-        return fmt
-    return {"type": "json_schema", "json_schema": {k: v for k, v in fmt.items() if k != "type"}}
 
 
 def history_of(st: ServerState, body: ResponsesRequest) -> list[dict[str, Any]]:
@@ -196,6 +99,7 @@ def turn_of(body: ResponsesRequest, history: list[dict[str, Any]]) -> ChatTurn:
                     max_tokens=body.max_output_tokens, tools=tools_of(body.tools),
                     tool_choice=choice_of(body.tool_choice), parallel_tool_calls=body.parallel_tool_calls,
                     response_format=format_of(body.text), keep_alive=body.keep_alive,
+                    thinking=False if (body.reasoning or {}).get("effort") == "none" else None,
                     names={"max_tokens": "max_output_tokens", "response_format": "text.format",
                            "messages": "input"})
 
@@ -214,7 +118,7 @@ def _check_model(st: ServerState, model: str | None) -> None:
 
 def usage_of(u: Usage) -> dict[str, Any]:
     return {"input_tokens": u.prompt_tokens, "input_tokens_details": {"cached_tokens": u.cached_tokens},
-            "output_tokens": u.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens": u.completion_tokens, "output_tokens_details": {"reasoning_tokens": u.reasoning_tokens},
             "total_tokens": u.total_tokens}
 
 
@@ -235,7 +139,7 @@ class Shape:
                 "error": None, "incomplete_details": {"reason": "max_output_tokens"} if finish == "length" else None,
                 "instructions": b.instructions, "max_output_tokens": b.max_output_tokens, "model": self.model,
                 "output": output, "parallel_tool_calls": b.parallel_tool_calls is not False,
-                "previous_response_id": b.previous_response_id, "reasoning": {"effort": None, "summary": None},
+                "previous_response_id": b.previous_response_id, "reasoning": {"effort": (b.reasoning or {}).get("effort"), "summary": None},
                 "store": b.store, "temperature": b.temperature, "top_p": b.top_p,
                 "text": {"format": fmt}, "tool_choice": b.tool_choice or "auto", "tools": b.tools or [],
                 "truncation": "disabled", "usage": usage_of(usage) if usage else None, "user": None,
@@ -255,8 +159,15 @@ def call_item(call_id: str, name: str, arguments: str, status: str = "completed"
     return {**item, "namespace": namespace} if namespace else item
 
 
+def reasoning_item(text: str, status: str = "completed", rid: str | None = None) -> dict[str, Any]:
+    """A thinking model's reasoning as its own output item (its text in full, no summary)."""
+    return {"type": "reasoning", "id": rid or f"rs_{uuid.uuid4().hex}", "status": status, "summary": [],
+            "content": [{"type": "reasoning_text", "text": text}]}
+
+
 def output_of(c: Choice, namespaces: dict[str, str]) -> list[dict[str, Any]]:
-    items = [message_item(c.text)] if c.text or not c.tool_calls else []
+    items = [reasoning_item(c.reasoning)] if c.reasoning else []
+    items += [message_item(c.text)] if c.text or not c.tool_calls else []
     return items + [call_item(t.id, t.name, t.arguments, namespace=namespaces.get(t.name)) for t in c.tool_calls]
 
 
@@ -318,8 +229,32 @@ async def _events(st: ServerState, conv: Conversation, shape: Shape, turn: ChatT
                 event("response.content_part.done", item_id=done["id"], output_index=i, content_index=0, part=part),
                 event("response.output_item.done", output_index=i, item=done)]
 
+    thought: dict[str, Any] | None = None  # the open reasoning item
+
+    def close_thought() -> list[str]:
+        nonlocal thought
+        if thought is None:
+            return []
+        i, done, thought = output.index(thought), thought, None
+        done["status"] = "completed"
+        return [event("response.reasoning_text.done", item_id=done["id"], output_index=i, content_index=0,
+                      text=done["content"][0]["text"]),
+                event("response.output_item.done", output_index=i, item=done)]
+
     try:
         async for ev in conv.events():
+            if isinstance(ev, ReasoningDelta):
+                if thought is None:
+                    thought = reasoning_item("", status="in_progress")
+                    output.append(thought)
+                    yield event("response.output_item.added", output_index=len(output) - 1,
+                                item={**thought, "content": []})
+                thought["content"][0]["text"] += ev.text
+                yield event("response.reasoning_text.delta", item_id=thought["id"], output_index=output.index(thought),
+                            content_index=0, delta=ev.text)
+                continue
+            for e in close_thought():  # the answer begins: the reasoning is done
+                yield e
             if isinstance(ev, TextDelta):
                 if text is None:
                     text = message_item("", status="in_progress")
