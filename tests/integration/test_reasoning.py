@@ -16,7 +16,7 @@ from pathlib import Path
 
 import anthropic
 import pytest
-from openai import OpenAI
+from openai import BadRequestError, OpenAI
 from scripted import build
 from servers import ServerThread
 
@@ -78,6 +78,26 @@ def test_reasoning_effort_none_turns_thinking_off(oai: OpenAI) -> None:
     msg = r.choices[0].message
     assert msg.content == "It is noon!" and "reasoning_content" not in (msg.model_extra or {})
     assert r.usage is not None and r.usage.completion_tokens_details.reasoning_tokens == 0  # type: ignore[union-attr]
+
+
+def test_chat_template_kwargs_as_qwen3s_model_card_sends_them(oai: OpenAI) -> None:
+    """vLLM's and llama-server's ``chat_template_kwargs``: enable_thinking only, anything else named."""
+    r = oai.chat.completions.create(model="thinker", messages=ASK, max_tokens=40,  # type: ignore[arg-type]
+                                    extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    assert r.choices[0].message.content == "It is noon!" and "reasoning_content" not in (r.choices[0].message.model_extra or {})
+    on = oai.chat.completions.create(model="thinker", messages=ASK, max_tokens=40,  # type: ignore[arg-type]
+                                     extra_body={"chat_template_kwargs": {"enable_thinking": True}})
+    assert on.choices[0].message.model_extra["reasoning_content"] == "Plan."  # type: ignore[index]
+    for kwargs, param in (({"add_vision_id": True}, "chat_template_kwargs.add_vision_id"),
+                          ({"enable_thinking": "no"}, "chat_template_kwargs.enable_thinking")):
+        with pytest.raises(BadRequestError) as err:
+            oai.chat.completions.create(model="thinker", messages=ASK, max_tokens=4,  # type: ignore[arg-type]
+                                        extra_body={"chat_template_kwargs": kwargs})
+        assert err.value.body["param"] == param  # type: ignore[index]
+    with pytest.raises(BadRequestError) as err:
+        oai.chat.completions.create(model="thinker", messages=ASK, max_tokens=4, reasoning_effort="none",  # type: ignore[arg-type]
+                                    extra_body={"chat_template_kwargs": {"enable_thinking": True}})
+    assert err.value.body["param"] == "chat_template_kwargs.enable_thinking"  # type: ignore[index]
 
 
 def test_a_json_answer_has_no_room_for_thinking(oai: OpenAI) -> None:

@@ -258,6 +258,8 @@ class ChatCompletionRequest(_Sampling):
     # a thinking model (Qwen3, engine/reasoning.py) has no effort levels: "none" turns its reasoning
     # off, any other level leaves it on; a model that does not think answers the same either way
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    # vLLM's and llama-server's extension, as Qwen3's model card sends it: {"enable_thinking": false}
+    chat_template_kwargs: dict[str, Any] | None = None
     IGNORED: ClassVar[frozenset[str]] = OPENAI_IGNORED
     top_logprobs: int | None = Field(None, ge=0, le=20)
     REFUSED: ClassVar[dict[str, str]] = {k: v for k, v in OPENAI_REFUSED.items()
@@ -293,6 +295,23 @@ class ChatCompletionRequest(_Sampling):
 
     def effective_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def thinking(self) -> bool | None:
+        """False: a thinking model answers without reasoning (``reasoning_effort: "none"`` or
+        ``chat_template_kwargs.enable_thinking: false``); None: the model's default."""
+        kwargs = self.chat_template_kwargs or {}
+        for key in kwargs:
+            if key != "enable_thinking":
+                raise InvalidRequest(f"'chat_template_kwargs.{key}' is not supported (enable_thinking only)",
+                                     param=f"chat_template_kwargs.{key}", code="unsupported_parameter")
+        enable = kwargs.get("enable_thinking")
+        if enable is not None and not isinstance(enable, bool):
+            raise InvalidRequest("'chat_template_kwargs.enable_thinking' must be true or false",
+                                 param="chat_template_kwargs.enable_thinking")
+        if enable is True and self.reasoning_effort == "none":
+            raise InvalidRequest("'chat_template_kwargs.enable_thinking' is true but 'reasoning_effort' is "
+                                 "'none'", param="chat_template_kwargs.enable_thinking")
+        return False if enable is False or self.reasoning_effort == "none" else None
 
 
 class CompletionRequest(_Sampling):
