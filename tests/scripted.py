@@ -14,9 +14,10 @@ from typing import Any
 
 
 def scripted_llama(out: Path, tokenizer_dir: Path, chain: list[str], *, added: tuple[str, ...] = (),
-                   template: str | None = None, starts: tuple[str, ...] = ()) -> Path:
+                   special: tuple[str, ...] = (), template: str | None = None, starts: tuple[str, ...] = ()) -> Path:
     """The HF model: after the rendered generation prompt it writes ``chain`` (each text one token;
-    ``added``: tokens added to the tokenizer first, as a family's own vocabulary has them). The
+    ``added``, ``special``: tokens added to the tokenizer first, as a family's own vocabulary has
+    them, the ``special`` ones as special tokens, which decoders skip). The
     chain's first token follows the prompt's last one, and each of ``starts`` (texts of one token
     each: where other prompts of the template end) leads into the token after it in the chain."""
     import torch
@@ -25,6 +26,8 @@ def scripted_llama(out: Path, tokenizer_dir: Path, chain: list[str], *, added: t
     tok: Any = AutoTokenizer.from_pretrained(str(tokenizer_dir))
     if added:
         tok.add_tokens(list(added))
+    if special:
+        tok.add_special_tokens({"additional_special_tokens": list(special)})
     if template is not None:
         tok.chat_template = template
 

@@ -147,13 +147,27 @@ def test_messages_think_only_when_asked(srv: ServerThread, stream: bool) -> None
             assert m.content[0].thinking == "Plan."  # type: ignore[union-attr]
 
 
-def test_thinking_then_a_tool_call(tmp_path_factory: pytest.TempPathFactory, smollm2_tokenizer_dir: Path) -> None:
-    """Reasoning is prose before the call (tool_choice auto): it comes back as reasoning, the call as a call."""
-    model = _model(tmp_path_factory.mktemp("thinker-caller"), smollm2_tokenizer_dir, THINK + CALL)
+@pytest.mark.parametrize("marker", ["spelled", "token"])
+def test_thinking_then_a_tool_call(tmp_path_factory: pytest.TempPathFactory, smollm2_tokenizer_dir: Path,
+                                   marker: str) -> None:
+    """Reasoning is prose before the call (tool_choice auto): it comes back as reasoning, the call as a call.
+    ``token``: ``<tool_call>`` and ``</tool_call>`` are added tokens, as in Qwen's vocabulary, and the
+    model writes the token (the grammar asks for it and forces the closing one)."""
+    if marker == "token":
+        model = build(tmp_path_factory.mktemp("thinker-caller-tok"), smollm2_tokenizer_dir,
+                      THINK + ["<tool_call>", "\n"], template=template("Qwen-Qwen3-0.6B"), starts=("\n\n",),
+                      added=("<think>", "</think>", "<tool_call>", "</tool_call>"))
+    else:
+        model = _model(tmp_path_factory.mktemp("thinker-caller"), smollm2_tokenizer_dir, THINK + CALL)
     with ServerThread(model, model_id="caller") as s:
+        fmt = s.state.engine.codec.tool_format
+        assert (dict(fmt.specials).keys() == {"<tool_call>", "</tool_call>"}) == (marker == "token") and fmt.lead_prose
         client = OpenAI(base_url=f"{s.url}/v1", api_key="none", max_retries=0, timeout=120)
-        r = client.chat.completions.create(model="caller", messages=ASK, tools=[TIME], max_tokens=80)  # type: ignore[arg-type]
+        r = client.chat.completions.create(model="caller", messages=ASK, tools=[TIME], max_tokens=80,  # type: ignore[arg-type]
+                                           logprobs=True)
         msg = r.choices[0].message
+        written = [t.token for t in r.choices[0].logprobs.content or []]  # type: ignore[union-attr]
+        assert ("<tool_call>" in written) == (marker == "token")  # one token, not "<", "tool", "_call", ">"
         assert msg.model_extra["reasoning_content"] == "Plan." and not msg.content  # type: ignore[index]
         assert [c.function.name for c in msg.tool_calls or []] == ["get_time"] and r.choices[0].finish_reason == "tool_calls"
         # the client sends the reasoning back with the call: Qwen3's template writes it after the question
@@ -164,3 +178,39 @@ def test_thinking_then_a_tool_call(tmp_path_factory: pytest.TempPathFactory, smo
         assert "<think>\nPlan.\n</think>" in prompt
         done = client.chat.completions.create(model="caller", messages=history, tools=[TIME], max_tokens=80)  # type: ignore[arg-type]
         assert done.choices[0].message.model_extra["reasoning_content"] == "Plan."  # type: ignore[index]
+
+
+def test_mistral_reasoning_markers_are_special_tokens_the_answer_still_shows(
+        tmp_path_factory: pytest.TempPathFactory, smollm2_tokenizer_dir: Path) -> None:
+    """Ministral 3 Reasoning's real template: ``[THINK]``/``[/THINK]`` are special tokens in its vocabulary
+    (here added as such), which the decoder keeps for the split; the history takes reasoning as a
+    thinking chunk."""
+    model = build(tmp_path_factory.mktemp("ministral"), smollm2_tokenizer_dir,
+                  ["[THINK]", "Plan", ".", "[/THINK]", "It", " is", " noon", "!", "<|im_end|>"],
+                  special=("[THINK]", "[/THINK]"), template=template("mistralai-Ministral-3-14B-Reasoning-2512"))
+    with ServerThread(model, model_id="ministral") as s:
+        codec = s.state.engine.codec
+        assert codec.reasoning_markers == ("[THINK]", "[/THINK]") and codec.tool_format.name == "mistral_v11"
+        client = OpenAI(base_url=f"{s.url}/v1", api_key="none", max_retries=0, timeout=120)
+        r = client.chat.completions.create(model="ministral", messages=ASK, max_tokens=40)  # type: ignore[arg-type]
+        msg = r.choices[0].message
+        assert msg.model_extra["reasoning_content"] == "Plan." and msg.content == "It is noon!"  # type: ignore[index]
+        history = [*ASK, {"role": "assistant", "content": "It is noon!", "reasoning_content": "Plan."},
+                   {"role": "user", "content": "Thanks."}]
+        assert "[THINK]Plan.[/THINK]It is noon!" in codec.render_chat(history)
+        again = client.chat.completions.create(model="ministral", messages=history, max_tokens=40)  # type: ignore[arg-type]
+        assert again.choices[0].message.content == "It is noon!"
+        # its template has no switch: asking to turn reasoning off is a 400 naming the field, not ignored
+        assert not codec.thinking_switch and s.state.engine.codec.thinks
+        with pytest.raises(BadRequestError) as err:
+            client.chat.completions.create(model="ministral", messages=ASK, max_tokens=4, reasoning_effort="none")  # type: ignore[arg-type]
+        assert err.value.body["param"] == "reasoning_effort"  # type: ignore[index]
+        claude = anthropic.Anthropic(base_url=s.url, api_key="none", max_retries=0, timeout=120)
+        with pytest.raises(anthropic.BadRequestError):
+            claude.messages.create(model="ministral", max_tokens=40, messages=ASK,  # type: ignore[arg-type]
+                                   thinking={"type": "disabled"})
+        m = claude.messages.create(model="ministral", max_tokens=40, messages=ASK)  # type: ignore[arg-type]
+        assert [b.type for b in m.content] == ["thinking", "text"]  # it thinks anyway: the reasoning is shown
+        # a completion (no chat, no split) shows the markers the model wrote
+        done = client.completions.create(model="ministral", prompt=codec.render_chat(ASK), max_tokens=8)
+        assert done.choices[0].text.startswith("[THINK]Plan.[/THINK]It")

@@ -14,7 +14,7 @@ import pytest
 
 from ortserve.engine.formats import ToolCallParser
 from ortserve.engine.guidance import Constraint, Guidance
-from ortserve.engine.reasoning import ReasoningSplitter, left_open, thinks
+from ortserve.engine.reasoning import MISTRAL, ReasoningSplitter, left_open, markers_of, thinks
 from ortserve.engine.tokenizer import TextCodec
 from ortserve.engine.tools import parse_tools
 
@@ -47,7 +47,18 @@ def test_reasoning_and_answer_wherever_the_text_is_cut(text: str, inside: bool, 
 def test_which_templates_think() -> None:
     assert thinks(template("Qwen-Qwen3-0.6B")) and thinks(template("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B"))
     assert not thinks(template("Qwen-Qwen2.5-7B-Instruct")) and not thinks(None)
+    assert markers_of(template("mistralai-Ministral-3-14B-Reasoning-2512")) == MISTRAL
+    assert markers_of(template("Mistral-Small-3.2-24B-Instruct-2506")) is None
     assert left_open("<|im_start|>assistant\n<think>\n") and not left_open("<think>\n\n</think>\n\n")
+
+
+@pytest.mark.parametrize("cut", [1, 2, 5, 1000])
+def test_mistral_markers(cut: int) -> None:
+    text = "[THINK]Plan it.[/THINK]It is noon!"
+    s = ReasoningSplitter(False, MISTRAL)
+    pieces = [p for i in range(0, len(text), cut) for p in s.feed(text[i:i + cut])] + s.finish()
+    assert (s.reasoning, s.content) == ("Plan it.", "It is noon!") == (
+        "".join(t for r, t in pieces if r), "".join(t for r, t in pieces if not r))
 
 
 @pytest.fixture(scope="module")

@@ -38,6 +38,12 @@ class IncrementalDetokenizer:
         return full[len(prefix_text):]
 
 
+def marker_start(text: str, marker: str) -> int:
+    """How many characters at the end of ``text`` could begin ``marker`` (text that streamed output
+    holds back until the next piece shows whether the marker comes)."""
+    return next((k for k in range(min(len(text), len(marker) - 1), 0, -1) if text.endswith(marker[:k])), 0)
+
+
 class StopMatcher:
     """Cuts output at the first stop string, also when it spans several deltas.
 

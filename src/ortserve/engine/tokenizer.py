@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ortserve.engine.formats import FALLBACK, Tool, ToolFormat, choose
-from ortserve.engine.reasoning import left_open, thinks
+from ortserve.engine.reasoning import MISTRAL, left_open, markers_of
 from ortserve.errors import InvalidRequest, ModelError
 
 log = logging.getLogger("ortserve.engine")
@@ -46,6 +46,11 @@ class TextCodec:
             raise ModelError(f"{model_dir / 'ortserve.json'}: {exc.message}") from exc
         self.tool_format = fmt.bind(added, set(specials))
         self.added_tokens = added
+        # a thinking model's reasoning markers (engine/reasoning.py); where they are special tokens
+        # (Mistral's [THINK]) the decoder keeps them, so the answer still shows where reasoning ends
+        self.reasoning_markers = markers_of(template)
+        kept = {specials[m] for m in self.reasoning_markers or () if m in specials}
+        self._dropped = set(specials.values()) - kept if kept else None
         self.tool_format_source = source
         log.info("%s: tool calls in the %s syntax (from its %s)", model_dir.name, fmt.name, source)
 
@@ -53,6 +58,9 @@ class TextCodec:
         return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
 
     def decode(self, ids: list[int]) -> str:
+        dropped = getattr(self, "_dropped", None)
+        if dropped:  # every special token but the reasoning markers
+            return str(self.tokenizer.decode([i for i in ids if i not in dropped], skip_special_tokens=False))
         return str(self.tokenizer.decode(ids, skip_special_tokens=True))
 
     def token_id(self, text: str) -> int | None:
@@ -60,8 +68,14 @@ class TextCodec:
 
     @property
     def thinks(self) -> bool:
-        """Whether the model writes reasoning in ``<think>`` blocks (engine/reasoning.py)."""
-        return thinks(self.chat_template)
+        """Whether the model writes reasoning in ``<think>`` (or ``[THINK]``) blocks (engine/reasoning.py)."""
+        return getattr(self, "reasoning_markers", None) is not None
+
+    @property
+    def thinking_switch(self) -> bool:
+        """Whether the template can turn the reasoning off (``enable_thinking``, Qwen3's). DeepSeek-R1's
+        always opens the block; Ministral 3 Reasoning's asks for it in its default system prompt."""
+        return self.thinks and "enable_thinking" in (self.chat_template or "")
 
     def answer_starts_thinking(self, thinking: bool | None = None) -> bool:
         """Whether this template's generation prompt opens a ``<think>`` block (DeepSeek-R1's), so
@@ -69,17 +83,17 @@ class TextCodec:
         known: dict[bool | None, bool] = self.__dict__.setdefault("_opens", {})  # per template, once
         if thinking not in known:
             known[thinking] = self.thinks and left_open(
-                self.render_chat([{"role": "user", "content": "x"}], thinking=thinking))
+                self.render_chat([{"role": "user", "content": "x"}], thinking=thinking), self.reasoning_markers)
         return known[thinking]
 
     def think_lark(self, thinking: bool | None = None) -> str | None:
         """The Lark of this model's reasoning block for a tool grammar (``ToolFormat.grammar``'s
         ``think``), where its markers are single tokens (a grammar's text cannot write those); None
         where it has none, or where the markers are ordinary text that prose already covers."""
-        from ortserve.engine.reasoning import CLOSE, OPEN
-
-        ids = [getattr(self, "added_tokens", {}).get(m) for m in (OPEN, CLOSE)]
-        if not self.thinks or None in ids:
+        if not self.thinks:
+            return None
+        ids = [getattr(self, "added_tokens", {}).get(m) for m in self.reasoning_markers]
+        if None in ids:
             return None
         if self.answer_starts_thinking(thinking):  # the prompt opened the block: it comes first
             return f"THOUGHT <[{ids[1]}]>"
@@ -109,6 +123,8 @@ class TextCodec:
             extra["tools"] = [t.as_openai() for t in tools] if tools else None
         elif uses_tools:
             messages = self.tool_format.fallback_messages(messages, tools or [])
+        if getattr(self, "reasoning_markers", None) == MISTRAL:  # its templates take reasoning as a chunk
+            messages = [_thinking_chunks(m) for m in messages]
         if self.chat_template is None:
             text = "".join(f"{m['role']}: {m['content']}\n" for m in messages)
             return text + ("assistant: " if add_generation_prompt else "")
@@ -156,6 +172,17 @@ def check_messages(messages: Any) -> None:
                 and isinstance(c["function"].get("name"), str) for c in calls)):
             raise InvalidRequest(f"messages[{i}].tool_calls must be a list of assistant function calls",
                                  param=f"messages[{i}].tool_calls")
+
+
+def _thinking_chunks(m: dict[str, Any]) -> dict[str, Any]:
+    """An assistant message with ``reasoning_content`` as Mistral's templates take it: content chunks,
+    the thinking first."""
+    if m.get("role") != "assistant" or not m.get("reasoning_content"):
+        return m
+    chunks = [{"type": "thinking", "thinking": m["reasoning_content"]}]
+    if m.get("content"):
+        chunks.append({"type": "text", "text": m["content"]})
+    return {k: v for k, v in m.items() if k != "reasoning_content"} | {"content": chunks}
 
 
 def _raise(message: str) -> None:

@@ -59,6 +59,7 @@ class ChatTurn:
     # this API's name for an internal field, so a 400 names what the client sent
     names: dict[str, str] = field(default_factory=dict)
     thinking: bool | None = None  # False: a thinking model answers without reasoning (None: its default)
+    thinking_param: str | None = None  # the field that asked for False (None: the API's own default)
 
 
 @dataclass
@@ -177,6 +178,10 @@ class Conversation:
         except ValueError as exc:  # pydantic: a sampling field of the wrong type
             raise InvalidRequest(str(exc).splitlines()[-1]) from exc
         engine = await st.engine_for(turn.model, sampling.keep_alive)
+        if turn.thinking is False and turn.thinking_param and engine.codec.thinks and not engine.codec.thinking_switch:
+            raise InvalidRequest(f"{engine.model_id} reasons in every answer: its chat template has no switch to turn "
+                                 f"that off (enable_thinking), so '{turn.thinking_param}' cannot be honoured; leave it "
+                                 "out (the reasoning comes back apart from the answer)", param=turn.thinking_param)
         span.set(model=engine.model_id, provider="local", execution_provider=engine.model.choice.device)
         try:
             defaults = defaults_for(st.settings, engine.model.dir)
@@ -217,7 +222,8 @@ class Conversation:
         return Usage(self.prompt_tokens, sum(m.output_tokens for m in metrics), cached, thought)
 
     def _splitter(self) -> ReasoningSplitter | None:
-        return ReasoningSplitter(self.thinking_open) if self.thinking_open is not None else None
+        markers = self.engine.codec.reasoning_markers
+        return ReasoningSplitter(self.thinking_open, markers) if self.thinking_open is not None and markers else None
 
     def _parser(self) -> ToolCallParser | None:
         return self.plan.parser() if self.plan else None

@@ -296,6 +296,13 @@ class ChatCompletionRequest(_Sampling):
     def effective_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
+    def thinking_param(self) -> str | None:
+        """The field that turned thinking off, for a 400 where the model cannot (``thinking``)."""
+        if self.reasoning_effort == "none":
+            return "reasoning_effort"
+        return "chat_template_kwargs.enable_thinking" if (self.chat_template_kwargs or {}).get(
+            "enable_thinking") is False else None
+
     def thinking(self) -> bool | None:
         """False: a thinking model answers without reasoning (``reasoning_effort: "none"`` or
         ``chat_template_kwargs.enable_thinking: false``); None: the model's default."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from ortserve.engine.detokenize import marker_start
 from ortserve.engine.formats.base import Delta, ToolCall, ToolFormat
 from ortserve.engine.formats.base import visible as _visible
 from ortserve.engine.formats.hermes import HERMES
@@ -124,9 +125,7 @@ class ToolCallParser:
                     out.append(Delta(content=buf[:at]))
                 self._buf, self._state = buf[at + len(self.fmt.prefix):], "head"
                 return
-            keep = next((k for k in range(min(len(buf), len(self._opener) - 1), 0, -1)
-                         if buf.endswith(self._opener[:k])), 0)
-            piece = buf[:len(buf) - keep]
+            piece = buf[:len(buf) - marker_start(buf, self._opener)]
             if not self.content and not piece.strip():
                 return  # blank so far: prose or the calls may follow
         if piece:

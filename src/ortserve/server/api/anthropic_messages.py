@@ -211,7 +211,7 @@ def turn_of(body: MessagesRequest) -> ChatTurn:
                               "stop": body.stop_sequences, "lora_scale": body.lora_scale},
                     tools=tools, tool_choice=choice, parallel_tool_calls=parallel,
                     response_format=format_of(body.output_config), max_tokens_is_ceiling=True,
-                    thinking=thinking_of(body),
+                    thinking=thinking_of(body), thinking_param="thinking.type" if body.thinking else None,
                     names={"stop": "stop_sequences", "response_format": "output_config.format"})
 
 

@@ -46,7 +46,7 @@ def turn_of(body: ChatCompletionRequest) -> ChatTurn:
                     tools=body.tools, tool_choice=body.tool_choice, parallel_tool_calls=body.parallel_tool_calls,
                     response_format=body.response_format, functions=body.functions,
                     function_call=body.function_call, n=body.n, logprobs=body.logprobs_count(),
-                    keep_alive=body.keep_alive, thinking=body.thinking(),
+                    keep_alive=body.keep_alive, thinking=body.thinking(), thinking_param=body.thinking_param(),
                     names={"max_tokens": "max_completion_tokens"} if body.max_completion_tokens is not None else {})
 
 

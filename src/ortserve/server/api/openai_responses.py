@@ -100,6 +100,7 @@ def turn_of(body: ResponsesRequest, history: list[dict[str, Any]]) -> ChatTurn:
                     tool_choice=choice_of(body.tool_choice), parallel_tool_calls=body.parallel_tool_calls,
                     response_format=format_of(body.text), keep_alive=body.keep_alive,
                     thinking=False if (body.reasoning or {}).get("effort") == "none" else None,
+                    thinking_param="reasoning.effort",
                     names={"max_tokens": "max_output_tokens", "response_format": "text.format",
                            "messages": "input"})
 

@@ -13,6 +13,7 @@ from ortserve.errors import InvalidRequest
 BUILT_IN = {"web_search", "web_search_preview", "file_search", "computer_use_preview", "computer",
             "code_interpreter", "image_generation", "mcp", "local_shell", "shell", "apply_patch", "custom"}
 
+
 def _text_of(content: Any, where: str) -> str:
     if isinstance(content, str):
         return content
