@@ -18,6 +18,9 @@ ROLES = ("system", "user", "assistant", "tool", "developer")
 
 class TextCodec:
     tool_format: ToolFormat = FALLBACK  # set per model in __init__ (engine/formats/registry.py)
+    reasoning_markers: tuple[str, str] | None = None  # a thinking model's (engine/reasoning.py), set in __init__
+    added_tokens: dict[str, int] = {}  # noqa: RUF012 - text -> id, set in __init__ (never mutated)
+    _dropped: set[int] | None = None  # special tokens the decoder skips, where it keeps some (set in __init__)
 
     def __init__(self, model_dir: Path) -> None:
         from tokenizers import Tokenizer
@@ -38,8 +41,9 @@ class TextCodec:
         self._compiled: Any = None
         # the tool-call syntax this model speaks (engine/formats/registry.py decides; the manifest may say)
         override = _read_json(model_dir / "ortserve.json").get("tool_format")
-        added = {t.content: i for i, t in self.tokenizer.get_added_tokens_decoder().items()}
-        specials = {t: i for t, i in added.items() if self.tokenizer.get_added_tokens_decoder()[i].special}
+        decoder = self.tokenizer.get_added_tokens_decoder()
+        added = {t.content: i for i, t in decoder.items()}
+        specials = {t.content: i for i, t in decoder.items() if t.special}
         try:
             fmt, source = choose(template, specials, override if isinstance(override, str) else None)
         except InvalidRequest as exc:
@@ -51,6 +55,7 @@ class TextCodec:
         self.reasoning_markers = markers_of(template)
         kept = {specials[m] for m in self.reasoning_markers or () if m in specials}
         self._dropped = set(specials.values()) - kept if kept else None
+        self._opens: dict[bool | None, bool] = {}  # answer_starts_thinking, per ``thinking``
         self.tool_format_source = source
         log.info("%s: tool calls in the %s syntax (from its %s)", model_dir.name, fmt.name, source)
 
@@ -58,9 +63,8 @@ class TextCodec:
         return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
 
     def decode(self, ids: list[int]) -> str:
-        dropped = getattr(self, "_dropped", None)
-        if dropped:  # every special token but the reasoning markers
-            return str(self.tokenizer.decode([i for i in ids if i not in dropped], skip_special_tokens=False))
+        if self._dropped:  # every special token but the reasoning markers
+            return str(self.tokenizer.decode([i for i in ids if i not in self._dropped], skip_special_tokens=False))
         return str(self.tokenizer.decode(ids, skip_special_tokens=True))
 
     def token_id(self, text: str) -> int | None:
@@ -69,7 +73,7 @@ class TextCodec:
     @property
     def thinks(self) -> bool:
         """Whether the model writes reasoning in ``<think>`` (or ``[THINK]``) blocks (engine/reasoning.py)."""
-        return getattr(self, "reasoning_markers", None) is not None
+        return self.reasoning_markers is not None
 
     @property
     def thinking_switch(self) -> bool:
@@ -80,24 +84,26 @@ class TextCodec:
     def answer_starts_thinking(self, thinking: bool | None = None) -> bool:
         """Whether this template's generation prompt opens a ``<think>`` block (DeepSeek-R1's), so
         the answer starts inside it; ``thinking`` as for ``render_chat``."""
-        known: dict[bool | None, bool] = self.__dict__.setdefault("_opens", {})  # per template, once
-        if thinking not in known:
-            known[thinking] = self.thinks and left_open(
+        if self.reasoning_markers is None:
+            return False
+        if thinking not in self._opens:  # the same for every conversation: rendered once
+            self._opens[thinking] = left_open(
                 self.render_chat([{"role": "user", "content": "x"}], thinking=thinking), self.reasoning_markers)
-        return known[thinking]
+        return self._opens[thinking]
 
-    def think_lark(self, thinking: bool | None = None) -> str | None:
-        """The Lark of this model's reasoning block for a tool grammar (``ToolFormat.grammar``'s
-        ``think``), where its markers are single tokens (a grammar's text cannot write those); None
-        where it has none, or where the markers are ordinary text that prose already covers."""
-        if not self.thinks:
+    def think_lark(self, thinking: bool | None = None) -> tuple[str, bool] | None:
+        """This model's reasoning block for a tool grammar (``ToolFormat.grammar``'s ``think``): its
+        Lark, where its markers are single tokens (a grammar's text cannot write those), and whether
+        it must come first (the prompt opened it); None where it has none, or where the markers are
+        ordinary text that prose already covers."""
+        if self.reasoning_markers is None:
             return None
-        ids = [getattr(self, "added_tokens", {}).get(m) for m in self.reasoning_markers]
+        ids = [self.added_tokens.get(m) for m in self.reasoning_markers]
         if None in ids:
             return None
         if self.answer_starts_thinking(thinking):  # the prompt opened the block: it comes first
-            return f"THOUGHT <[{ids[1]}]>"
-        return None if thinking is False else f"<[{ids[0]}]> THOUGHT <[{ids[1]}]>"
+            return f"THOUGHT <[{ids[1]}]>", True
+        return None if thinking is False else (f"<[{ids[0]}]> THOUGHT <[{ids[1]}]>", False)
 
     @property
     def supports_tools(self) -> bool:
@@ -123,7 +129,7 @@ class TextCodec:
             extra["tools"] = [t.as_openai() for t in tools] if tools else None
         elif uses_tools:
             messages = self.tool_format.fallback_messages(messages, tools or [])
-        if getattr(self, "reasoning_markers", None) == MISTRAL:  # its templates take reasoning as a chunk
+        if self.reasoning_markers == MISTRAL:  # its templates take reasoning as a chunk
             messages = [_thinking_chunks(m) for m in messages]
         if self.chat_template is None:
             text = "".join(f"{m['role']}: {m['content']}\n" for m in messages)

@@ -124,11 +124,12 @@ class ToolFormat:
                        dropped=tuple(m for m, _ in found if dropped is None or m in dropped))
 
     # -- the grammar -----------------------------------------------------------------------------
-    def grammar(self, tools: list[Tool], mode: str, parallel: bool = True, think: str | None = None) -> str | None:
+    def grammar(self, tools: list[Tool], mode: str, parallel: bool = True,
+                think: tuple[str, bool] | None = None) -> str | None:
         """The Lark grammar for ``mode``: auto = prose or calls (prose then calls where ``lead_prose``);
         required = calls; named = that call. ``think``: under auto, the Lark of a thinking model's
-        reasoning block, which may come first (``THOUGHT`` between its two marker tokens; starting
-        with ``THOUGHT`` when the prompt opened the block, and then it must come first)."""
+        reasoning block (``THOUGHT`` between its marker tokens), which may come first, and whether it
+        must (the prompt opened it: ``TextCodec.think_lark``)."""
         if mode == "none":
             return None
         chosen = tools if mode in ("auto", "required") else [t for t in tools if t.name == mode]
@@ -163,8 +164,9 @@ class ToolFormat:
             lines.append(f"TEXT: /{self.prose()}/")
         body = ("TEXT | lead" if spelled else "TEXT | TEXT? calls") if lead else "TEXT | calls"
         if think is not None and mode == "auto":  # a thinking model may reason first (engine/reasoning.py)
-            lines += [f"think: {think}", "THOUGHT: /[\\s\\S]*/"]
-            body = f"think? ({body})" if not think.startswith("THOUGHT") else f"think ({body})"
+            block, first = think
+            lines += [f"think: {block}", "THOUGHT: /[\\s\\S]*/"]
+            body = f"think ({body})" if first else f"think? ({body})"
         start = f"start: {body}" if mode == "auto" else "start: calls"
         mark = f"{TOOL_MARK} {self.name}" + (f" {LEAD}" if lead else "")
         return "\n".join([mark, start, *lines, ""])
@@ -178,11 +180,10 @@ class ToolFormat:
     def lead_prose(self) -> bool:
         """Whether prose may come before the calls under ``auto`` ("Let me check." then a call, or
         a Qwen3 model's thinking): where the calls begin with a marker the parser sees in the text
-        (Hermes' ``<tool_call>``, Gemma's fence, a marker spelled out in ordinary tokens). Not where
-        the marker is a special token that the decoder drops (Mistral's tekken, Phi-4-mini; Qwen's
-        ``<tool_call>`` is one token the decoder keeps), nor
-        before Llama 3's bare ``{`` or Mistral v11's bare name: the text would not show where the
-        prose ends and the call begins."""
+        (Hermes' ``<tool_call>``, also where it is one token, as in Qwen's vocabulary; Gemma's fence;
+        a marker spelled out in ordinary tokens). Not where the marker is a special token that the
+        decoder drops (Mistral's tekken, Phi-4-mini), nor before Llama 3's bare ``{`` or Mistral
+        v11's bare name: the text would not show where the prose ends and the call begins."""
         return len(self.opener) > 1 and not self.dropped and not self.name_first
 
     def prose(self) -> str:
