@@ -135,7 +135,7 @@ def test_responses_return_a_reasoning_item_then_the_message(oai: OpenAI) -> None
 @pytest.mark.parametrize("stream", [False, True])
 def test_messages_think_only_when_asked(srv: ServerThread, stream: bool) -> None:
     claude = anthropic.Anthropic(base_url=srv.url, api_key="none", max_retries=0, timeout=120)
-    for thinking, kinds in ((None, ["text"]), ({"type": "adaptive"}, ["thinking", "text"])):
+    for thinking, kinds in ((None, ["text"]), ({"type": "disabled"}, ["text"]), ({"type": "adaptive"}, ["thinking", "text"])):
         kw = {"model": "thinker", "max_tokens": 40, "messages": ASK, **({"thinking": thinking} if thinking else {})}
         if stream:
             with claude.messages.stream(**kw) as s:  # type: ignore[arg-type]
@@ -143,7 +143,7 @@ def test_messages_think_only_when_asked(srv: ServerThread, stream: bool) -> None
         else:
             m = claude.messages.create(**kw)  # type: ignore[arg-type]
         assert [b.type for b in m.content] == kinds and m.content[-1].text == "It is noon!"  # type: ignore[union-attr]
-        if thinking:
+        if kinds[0] == "thinking":
             assert m.content[0].thinking == "Plan."  # type: ignore[union-attr]
 
 

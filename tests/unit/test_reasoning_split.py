@@ -111,3 +111,30 @@ def test_qwen_markers_are_tokens_in_the_grammar_and_text_in_the_answer(qwen3_dir
     assert not all(guide.matcher.consume_token(t) for t in spelled + codec.encode("\n{", add_special_tokens=False))
     # thinking off: the template closed an empty block, and the grammar has no room for another
     assert codec.think_lark(False) is None and not codec.answer_starts_thinking(False)
+
+
+def test_reasoning_sent_back_reaches_the_turn_it_came_with() -> None:
+    """Responses reasoning items and Messages thinking blocks become the assistant turn's
+    reasoning_content (what a thinking model's template writes back); encrypted ones have no text."""
+    from ortserve.server.api.anthropic_messages import MessagesRequest
+    from ortserve.server.api.anthropic_messages import messages_of as anthropic_messages
+    from ortserve.server.api.responses_input import messages_of as responses_messages
+
+    out = responses_messages([
+        {"type": "message", "role": "user", "content": "What time is it?"},
+        {"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text", "text": "Plan."}]},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Checking."}]},
+        {"type": "function_call", "call_id": "c1", "name": "get_time", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "noon"},
+        {"type": "reasoning", "id": "rs_2", "summary": [], "encrypted_content": "opaque"},
+        {"type": "message", "role": "assistant", "content": "It is noon."}])
+    assert [m["role"] for m in out] == ["user", "assistant", "tool", "assistant"]
+    assert out[1] == {"role": "assistant", "content": "Checking.", "reasoning_content": "Plan.",
+                      "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}]}
+    assert "reasoning_content" not in out[3]
+    body = MessagesRequest(model="m", max_tokens=8, messages=[
+        {"role": "user", "content": "What time is it?"},
+        {"role": "assistant", "content": [{"type": "thinking", "thinking": "Plan.", "signature": ""},
+                                          {"type": "redacted_thinking", "data": "opaque"},
+                                          {"type": "text", "text": "It is noon."}]}])
+    assert anthropic_messages(body)[1] == {"role": "assistant", "content": "It is noon.", "reasoning_content": "Plan."}
