@@ -264,6 +264,8 @@ def main() -> None:
     ap.add_argument("--no-speed", action="store_true")
     ap.add_argument("--no-full-import", action="store_true", help="time the conversion only")
     ap.add_argument("--no-convert", action="store_true", help="reuse the converted model in --work")
+    ap.add_argument("--import-speed", action="store_true",
+                    help="the whole import with --speed: it also loads the model to measure decode speed")
     args = ap.parse_args()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -283,7 +285,9 @@ def main() -> None:
             shutil.rmtree(home, ignore_errors=True)
             env = {**os.environ, "ORTSERVE_HOME": str(home)}
             cli = str(Path(sys.executable).with_name("ortserve"))
-            run["import"] = run_measured([cli, "models", "import", str(gguf_file)], env)
+            run["import"] = run_measured([cli, "models", "import", str(gguf_file),
+                                          *(["--speed"] if args.import_speed else [])], env)
+            run["import"]["with_speed"] = args.import_speed
             shutil.rmtree(home, ignore_errors=True)
         for k in ("convert", "import"):
             if k in run:

@@ -21,13 +21,15 @@ from ortserve.models.store import ModelStore
 def test_default_gguf_import_is_exact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, streamed: bool) -> None:
     """A small file goes through the builder's graph; one of STREAM_MIN_BYTES or more (here: any)
     through the graph written from its metadata, blocks streamed (test_gguf_stream.py checks it)."""
-    from ortserve.models import gguf_fast
+    from ortserve.models import gate_segments, gguf_fast
 
-    if streamed:
+    if streamed:   # and the gate a layer at a time, with the decode-speed run asked for
         monkeypatch.setattr(gguf_fast, "STREAM_MIN_BYTES", 0)
+        monkeypatch.setattr(gate_segments, "BUDGET", 1)
     store = ModelStore(tmp_path / "store")
     said: list[str] = []
-    v = import_gguf(store, write_tiny_gguf(tmp_path / "t.gguf", uniform("Q4_1")), "tiny", progress=said.append)
+    v = import_gguf(store, write_tiny_gguf(tmp_path / "t.gguf", uniform("Q4_1")), "tiny", progress=said.append,
+                    speed=streamed)
     assert (v.variant, v.precision) == ("q4_1-cpu", "q4_1")
     exact = v.notes["gguf_exact"]
     if streamed:
@@ -37,6 +39,8 @@ def test_default_gguf_import_is_exact(tmp_path: Path, monkeypatch: pytest.Monkey
         assert exact["max_weight_error"] < 1e-6 and exact["logit_error"]["fp32_compute"] < 2e-3
     assert abs(v.quality["delta_pct"]) < 1.0 and v.quality["reference_perplexity"] > 1
     assert any("GGUF blocks" in m for m in said)
+    assert (v.speed.get("decode_tps", 0) > 0) == streamed   # measured only when asked: it loads the whole model
+    assert any(m.startswith("measuring perplexity") and m.endswith("and speed") == streamed for m in said), said
     assert [x.variant for x in store.find("tiny")] == ["q4_1-cpu"]
 
 

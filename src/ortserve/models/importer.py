@@ -51,13 +51,15 @@ __all__ = ["ALGOS", "Progress", "build_variant_from_hf", "convert_model", "ensur
 def import_gguf(store: ModelStore, gguf: Path, model_id: str, *, precision: str | None = None,
                 device: str = "cpu", options: dict[str, Any] | None = None,
                 progress: Progress | None = None, aliases: list[str] | None = None,
-                requantize: str | None = None) -> Variant:
+                requantize: str | None = None, speed: bool = False) -> Variant:
     """GGUF -> ONNX GenAI variant, installed atomically.
 
     With neither ``requantize`` nor ``precision`` (its older name), a CPU import keeps the
     file's own quantized blocks (gguf_exact: variant ``q4_1-cpu`` etc.); a precision
     dequantizes and re-quantizes with the builder, as does a file whose block types have no
-    exact form (reported through ``progress``).
+    exact form (reported through ``progress``). ``speed``: an exact import also measures decode
+    speed, which loads the whole model as serving does (1.7x a Q4_K_M file's memory; the rest of
+    the import stays near the file's size, docs/scale.md).
     """
     validate_name(model_id)
     gguf = Path(gguf).resolve()
@@ -76,7 +78,7 @@ def import_gguf(store: ModelStore, gguf: Path, model_id: str, *, precision: str 
                 return stale_exact(have) is not None
 
             return store.install(model_id, variant_name(exact, device),
-                                 lambda tmp: _build_exact(store, gguf, model_id, tmp, progress, aliases or kept),
+                                 lambda tmp: _build_exact(store, gguf, model_id, tmp, progress, aliases or kept, speed),
                                  replace=stale)
         precision = DEFAULT_PRECISION
 
@@ -133,7 +135,8 @@ def refresh_stale(store: ModelStore, v: Variant, progress: Progress | None = Non
         return v
     say(f"{why}: re-importing it from {gguf} (once)")
     try:
-        return import_gguf(store, gguf, v.model, progress=progress, aliases=v.aliases or None)
+        return import_gguf(store, gguf, v.model, progress=progress, aliases=v.aliases or None,
+                           speed=bool(v.speed.get("decode_tps")))
     except (OrtServeError, OSError) as exc:
         say(f"re-importing {v.id} failed ({exc}); keeping the older graph")
         return v
@@ -155,7 +158,7 @@ def _exact_plan(gguf: Path, device: str, progress: Progress | None) -> str | Non
 
 
 def _build_exact(store: ModelStore, gguf: Path, model_id: str, tmp: Path, progress: Progress | None,
-                 aliases: list[str] | None) -> dict[str, Any]:
+                 aliases: list[str] | None, speed: bool) -> dict[str, Any]:
     from ortserve.models import gguf_exact, gguf_fast
 
     weights = gguf_exact.preflight(gguf)
@@ -164,7 +167,7 @@ def _build_exact(store: ModelStore, gguf: Path, model_id: str, tmp: Path, progre
     if stream:   # graph from metadata, blocks streamed: ~the file's size in memory (docs/gguf.md)
         report = gguf_fast.import_gguf_streamed(gguf, tmp, progress=progress, smoke=False)   # measured next
         if progress:
-            progress("measuring perplexity (fp32 compute = the reference) and speed")
+            progress("measuring perplexity (fp32 compute = the reference)" + (" and speed" if speed else ""))
         ref = known_reference(store, model_id) or gguf_fast.fp32_compute_perplexity(tmp)
     else:
         work = tmp.with_name(tmp.name + ".hf")
@@ -176,9 +179,9 @@ def _build_exact(store: ModelStore, gguf: Path, model_id: str, tmp: Path, progre
         finally:
             shutil.rmtree(work, ignore_errors=True)   # before measuring speed: free the fp32 copy
         if progress:
-            progress("measuring perplexity and speed")
+            progress("measuring perplexity" + (" and speed" if speed else ""))
     fields = {"precision": precision, "device": "cpu", **genai_facts(tmp),
-              **measure(tmp, "cpu", ref)}
+              **measure(tmp, "cpu", ref, speed=speed)}
     return {**fields, "notes": {"gguf_exact": report}, "source": f"gguf:{gguf}", "aliases": aliases or [],
             "sampling": for_source(gguf)}
 
@@ -232,11 +235,12 @@ def import_onnx_dir(store: ModelStore, src: Path, model_id: str, *, link: bool =
 def import_path(store: ModelStore, path: Path, *, model_id: str | None = None,
                 precision: str | None = None, device: str = "cpu",
                 options: dict[str, Any] | None = None, link: bool = False,
-                progress: Progress | None = None) -> Variant:
+                progress: Progress | None = None, speed: bool = False) -> Variant:
     """Import a .gguf file, a Hugging Face directory or an ONNX GenAI directory, by what it is.
 
     ``precision`` None means: a GGUF keeps its own quantized blocks where it can (exact
-    import), a Hugging Face directory is built at the default precision.
+    import), a Hugging Face directory is built at the default precision. ``speed``: see
+    ``import_gguf`` (the other imports always measure it, to choose among their variants).
     """
     path = Path(path).expanduser()
     mid = validate_name(model_id) if model_id else None
@@ -247,7 +251,7 @@ def import_path(store: ModelStore, path: Path, *, model_id: str | None = None,
             raise ModelError(f"{path.name} is not a GGUF file",
                              hint="import takes a .gguf file, a Hugging Face or an ONNX GenAI directory")
         return import_gguf(store, path, mid or model_id_from_path(path), precision=precision, device=device,
-                           options=options, progress=progress)
+                           options=options, progress=progress, speed=speed)
     if not path.is_dir():
         raise ModelError(f"{path} does not exist", hint="check the path")
     from ortserve.models import embed_import
@@ -329,4 +333,5 @@ def ensure_default(store: ModelStore, progress: Progress | None = None) -> Varia
     preferred = [v for v in hits if v.precision.lower() == DEFAULT_MODEL_PRECISION.lower()]  # q4_1 / Q4_1
     if preferred or hits:
         return refresh_stale(store, (preferred or hits)[0], progress)
-    return import_gguf(store, embedded_gguf(), DEFAULT_MODEL, progress=progress, aliases=["default"])
+    return import_gguf(store, embedded_gguf(), DEFAULT_MODEL, progress=progress, aliases=["default"],
+                       speed=True)   # 0.1 GB: `models list` shows its decode speed

@@ -22,21 +22,54 @@ def heldout_text() -> str:
     return resources.files("ortserve").joinpath("data/heldout.txt").read_text(encoding="utf-8")
 
 
+class LogSoftmaxPick:
+    """log softmax(logits)[target] per position, in float64, fed the vocabulary in column pieces
+    (a layered gate's LM head) or whole, ``rows`` positions at a time: a whole 512-token window
+    of a 128k vocabulary is 0.5 GB per float64 temporary (issue 31). Whole, it is the one-pass
+    max / sum of exp; in pieces, the running max rescales the sum (within 1e-12)."""
+
+    def __init__(self, targets: np.ndarray, rows: int = 32) -> None:
+        self.targets, self.rows = np.asarray(targets), rows
+        self.max = np.full(len(self.targets), -np.inf)
+        self.sum = np.zeros(len(self.targets))
+        self.picked = np.full(len(self.targets), np.nan)
+
+    def add(self, first: int, logits: np.ndarray) -> None:
+        """Columns first..first+width of the logits, one row per target."""
+        if logits.shape[0] != len(self.targets):
+            raise ModelError("perplexity needs per-position logits; this model prunes its LM head")
+        width = logits.shape[-1]
+        for a in range(0, len(self.targets), self.rows):
+            x = logits[a:a + self.rows].astype(np.float64)
+            m = np.maximum(self.max[a:a + self.rows], x.max(-1))
+            self.sum[a:a + self.rows] = (self.sum[a:a + self.rows] * np.exp(self.max[a:a + self.rows] - m)
+                                         + np.exp(x - m[:, None]).sum(-1))
+            self.max[a:a + self.rows] = m
+            t = self.targets[a:a + self.rows] - first
+            inside = (t >= 0) & (t < width)
+            self.picked[a:a + self.rows][inside] = x[np.flatnonzero(inside), t[inside]]
+
+    def result(self) -> np.ndarray:
+        if np.isnan(self.picked).any():
+            raise ModelError("the logits did not cover every target token")
+        return self.picked - (self.max + np.log(self.sum))
+
+
 def _log_softmax_pick(logits: np.ndarray, targets: np.ndarray, rows: int = 32) -> np.ndarray:
-    """log softmax(logits)[targets] per position, in float64, ``rows`` positions at a time: a
-    whole 512-token window of a 128k vocabulary is 0.5 GB per float64 temporary (issue 31)."""
-    out = np.empty(len(targets), np.float64)
-    for a in range(0, len(targets), rows):
-        x = logits[a:a + rows].astype(np.float64)
-        m = x.max(-1, keepdims=True)
-        lse = m[:, 0] + np.log(np.exp(x - m).sum(-1))
-        out[a:a + rows] = x[np.arange(len(x)), targets[a:a + rows]] - lse
-    return out
+    """log softmax(logits)[targets] per position, in float64, ``rows`` positions at a time."""
+    pick = LogSoftmaxPick(targets, rows)
+    pick.add(0, logits)
+    return pick.result()
 
 
-def token_logprobs(model_dir: Path, ids: list[int], window: int = 512) -> np.ndarray:
-    """Log-probability of ids[1:] given their prefixes, window by window (no state across windows)."""
+def token_logprobs(model_dir: Path, ids: list[int], window: int = 512, budget: int | None = None) -> np.ndarray:
+    """Log-probability of ids[1:] given their prefixes, window by window (no state across windows).
+    A graph with more than ``budget`` bytes of weights (0: never) runs a few layers at a time, so
+    the gate never holds the whole model (models/gate_segments.py)."""
+    import onnx
     import onnxruntime as ort
+
+    from ortserve.models.gate_segments import BUDGET, run_layered
 
     cfg = json.loads((Path(model_dir) / "genai_config.json").read_text(encoding="utf-8"))["model"]["decoder"]
     onnx_path = Path(model_dir) / cfg.get("filename", "model.onnx")
@@ -45,27 +78,30 @@ def token_logprobs(model_dir: Path, ids: list[int], window: int = 512) -> np.nda
     so = ort.SessionOptions()
     so.log_severity_level = 3
     so.enable_cpu_mem_arena = False   # a window's activations go back to the system, not to an arena
-    sess = ort.InferenceSession(str(onnx_path), so, providers=["CPUExecutionProvider"])
-    kv_names = [i.name for i in sess.get_inputs() if i.name.startswith("past_key_values")]
-    kv_type = next(i.type for i in sess.get_inputs() if i.name.startswith("past_key_values"))
-    dtype = np.float16 if "float16" in kv_type else np.float32
-    kvh, hd = cfg["num_key_value_heads"], cfg["head_size"]
-    out: list[np.ndarray] = []
-    feeds: dict[str, Any] = {}
-    logits = np.empty(0, np.float32)
-    for start in range(0, len(ids) - 1, window):
-        chunk = np.array([ids[start:start + window + 1]], dtype=np.int64)
-        x = chunk[:, :-1]
-        feeds = {"input_ids": x, "attention_mask": np.ones_like(x)}
-        for n in kv_names:
-            feeds[n] = np.zeros((1, kvh, 0, hd), dtype=dtype)
-        logits = sess.run(["logits"], feeds)[0][0]
-        if logits.shape[0] != x.shape[1]:
-            raise ModelError("perplexity needs per-position logits; this model prunes its LM head")
-        out.append(_log_softmax_pick(logits, chunk[0, 1:]))
-    del sess, feeds, logits   # the session and the last window's buffers, before the trim
+
+    def session(path: Path) -> Any:
+        return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+
+    model = onnx.load(str(onnx_path), load_external_data=False)
+    empty = {i.name: np.zeros((1, cfg["num_key_value_heads"], 0, cfg["head_size"]),
+                              np.float16 if i.type.tensor_type.elem_type == onnx.TensorProto.FLOAT16 else np.float32)
+             for i in model.graph.input if i.name.startswith("past_key_values")}
+    chunks = [np.array([ids[s:s + window + 1]], dtype=np.int64) for s in range(0, len(ids) - 1, window)]
+    windows = [{"input_ids": c[:, :-1], "attention_mask": np.ones_like(c[:, :-1]), **empty} for c in chunks]
+    picks = [LogSoftmaxPick(c[0, 1:]) for c in chunks]
+
+    def score(w: int, first: int, logits: np.ndarray) -> None:
+        picks[w].add(first, logits[0])
+
+    budget = BUDGET if budget is None else budget
+    if not (budget and run_layered(onnx_path, model, windows, score, session, budget, release_freed_memory)):
+        del model
+        sess = session(onnx_path)
+        for w, feeds in enumerate(windows):
+            score(w, 0, sess.run(["logits"], feeds)[0])
+        del sess   # the session and the last window's buffers, before the trim
     release_freed_memory()
-    return np.concatenate(out)
+    return np.concatenate([p.result() for p in picks])
 
 
 def release_freed_memory() -> None:

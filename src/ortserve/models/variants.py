@@ -79,8 +79,8 @@ def genai_facts(model_dir: Path) -> dict[str, Any]:
 
 # ---- quality and speed --------------------------------------------------------
 
-def measure(model_dir: Path, device: str, reference_ppl: float | None) -> dict[str, Any]:
-    """Manifest fields ``quality`` (perplexity vs reference) and, on CPU, ``speed``."""
+def measure(model_dir: Path, device: str, reference_ppl: float | None, speed: bool = True) -> dict[str, Any]:
+    """Manifest fields ``quality`` (perplexity vs reference) and, on CPU with ``speed``, ``speed``."""
     out: dict[str, Any] = {}
     try:
         ppl = perplexity(model_dir)
@@ -92,7 +92,7 @@ def measure(model_dir: Path, device: str, reference_ppl: float | None) -> dict[s
             q["reference_perplexity"] = round(reference_ppl, 4)
             q["delta_pct"] = round(100 * (ppl["perplexity"] / reference_ppl - 1), 3)
         out["quality"] = q
-    if device == "cpu":
+    if device == "cpu" and speed:
         from ortserve.models.speed import decode_tps
 
         try:
