@@ -41,6 +41,7 @@ import llamacpp
 SHAPES = {   # name: layers, hidden, heads, kv heads, ffn, tied
     "llama-3.2-1b": (16, 2048, 32, 8, 8192, True),
     "llama-3.2-3b": (28, 3072, 24, 8, 8192, True),
+    "llama-3.1-8b": (32, 4096, 32, 8, 14336, False),
     "tiny": (2, 256, 4, 2, 512, True),
 }
 

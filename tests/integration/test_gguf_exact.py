@@ -30,7 +30,7 @@ def quantized_bytes(rng: np.random.Generator, qtype: str, rows: int, cols: int) 
         b = rng.integers(0, 256, (rows * cols // per, size), dtype=np.uint8)
         d = rng.uniform(2e-4, 1e-3, (b.shape[0], 2)).astype(np.float16).view(np.uint8)
         at = {"Q6_K": slice(208, 210), "Q2_K": slice(80, 84), "Q3_K": slice(108, 110),
-              "IQ4_NL": slice(0, 2)}.get(qtype, slice(0, 4))
+              "IQ4_NL": slice(0, 2), "IQ4_XS": slice(0, 2), "IQ3_XXS": slice(0, 2)}.get(qtype, slice(0, 4))
         b[:, at] = d[:, : at.stop - at.start]
         return b.reshape(rows, -1)
     w = rng.normal(0, 0.05, (rows, cols)).astype(np.float32)
@@ -153,7 +153,7 @@ def test_float_matrices_and_tied_float_head_become_plain_matmuls(tmp_path: Path)
 
 
 def test_unsupported_block_type_is_refused_before_any_work(tmp_path: Path) -> None:
-    path = write_tiny_gguf(tmp_path / "iq4.gguf", [{**uniform("Q4_0")[0], "ffn_down": "IQ4_NL"}])
-    with pytest.raises(UnsupportedBlockType, match="IQ4_NL"):
+    path = write_tiny_gguf(tmp_path / "iq3.gguf", [{**uniform("Q4_0")[0], "ffn_down": "IQ3_XXS"}])
+    with pytest.raises(UnsupportedBlockType, match="IQ3_XXS"):
         import_gguf_exact(path, tmp_path / "out", tmp_path / "work")
     assert not (tmp_path / "out").exists() and not (tmp_path / "work").exists()

@@ -47,7 +47,7 @@ def test_default_gguf_import_is_exact(tmp_path: Path, monkeypatch: pytest.Monkey
 def test_unsupported_block_type_falls_back_to_requantizing(tmp_path: Path) -> None:
     store = ModelStore(tmp_path / "store")
     said: list[str] = []
-    path = write_tiny_gguf(tmp_path / "iq4.gguf", [{**uniform("Q4_0")[0], "ffn_down": "IQ4_NL"}])
+    path = write_tiny_gguf(tmp_path / "iq3.gguf", [{**uniform("Q4_0")[0], "ffn_down": "IQ3_XXS"}])
     v = import_gguf(store, path, "tiny-iq4", progress=said.append)
     assert v.variant == "int8-cpu" and "gguf_exact" not in v.notes
-    assert any("IQ4_NL" in m and "re-quantizing to int8" in m for m in said), said
+    assert any("IQ3_XXS" in m and "re-quantizing to int8" in m for m in said), said

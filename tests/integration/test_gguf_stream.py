@@ -228,8 +228,21 @@ def test_unsupported_architecture_is_refused_in_seconds(tmp_path: Path) -> None:
         assert arch in str(err.value) and "llama" in text and "qwen3" in text
 
 
+def test_iq4_files_import_exactly(tmp_path: Path) -> None:
+    """IQ4_XS (llama-quantize's IQ4_XS keeps some matrices IQ4_NL): 4-bit indices into int8
+    levels, held exactly as 8-bit codes; greedy tokens and logits as the dequantized reference."""
+    types = {**dict.fromkeys(MATS, "IQ4_XS"), "attn_v": "IQ4_NL", "ffn_down": "IQ4_NL"}
+    path = write(tmp_path / "iq4.gguf", "llama", types, embd="IQ4_XS", rope_freqs=True)
+    report = import_gguf_streamed(path, tmp_path / "out")
+    assert report["max_weight_error"] <= 1e-6 and set(report["gguf_types"]) == {"IQ4_XS", "IQ4_NL"}
+    want_tokens, want_logits = reference_greedy(path)
+    assert og_greedy(tmp_path / "out") == want_tokens    # at fp32 compute: writes model.fp32.onnx
+    got = first_logits(tmp_path / "out")
+    assert np.abs(got - want_logits).max() / np.abs(want_logits).max() < 2e-3
+
+
 def test_unsupported_block_type_is_refused_before_any_work(tmp_path: Path) -> None:
-    path = write(tmp_path / "iq.gguf", "llama", {**dict.fromkeys(MATS, "Q4_0"), "ffn_down": "IQ4_NL"}, embd="F16")
-    with pytest.raises(ModelError, match=r"IQ4_NL.*supported: Q4_0, Q4_1"):
+    path = write(tmp_path / "iq.gguf", "llama", {**dict.fromkeys(MATS, "Q4_0"), "ffn_down": "IQ3_XXS"}, embd="F16")
+    with pytest.raises(ModelError, match=r"IQ3_XXS.*supported: Q4_0, Q4_1"):
         import_gguf_streamed(path, tmp_path / "out")
     assert not (tmp_path / "out").exists()

@@ -25,7 +25,7 @@ def blocks(qtype: str, rows: int = ROWS, cols: int = COLS, seed: int = 0) -> np.
         b = rng.integers(0, 256, (rows * cols // per, size), dtype=np.uint8)
         d = rng.uniform(-1e-2, 1e-2, (b.shape[0], 2)).astype(np.float16).view(np.uint8)
         at = {"Q6_K": slice(208, 210), "Q2_K": slice(80, 84), "Q3_K": slice(108, 110),
-              "IQ4_NL": slice(0, 2)}.get(qtype, slice(0, 4))
+              "IQ4_NL": slice(0, 2), "IQ4_XS": slice(0, 2), "IQ3_XXS": slice(0, 2)}.get(qtype, slice(0, 4))
         b[:, at] = d[:, : at.stop - at.start]
         return b.reshape(rows, -1)
     return gguf.quants.quantize(rng.normal(0, 1, (rows, cols)).astype(np.float32), Q[qtype])
@@ -56,8 +56,8 @@ def test_bounds_and_unsupported_types_are_refused() -> None:
         decode("Q4_0", raw[:, :-1], ROWS, COLS)          # truncated tensor
     with pytest.raises(ModelError, match="whole number"):
         decode("Q4_K", blocks("Q4_0"), ROWS * 4, COLS // 4)   # 256 does not divide a 128 row
-    with pytest.raises(UnsupportedBlockType, match="IQ4_NL"):
-        decode("IQ4_NL", blocks("IQ4_NL"), ROWS, COLS)
+    with pytest.raises(UnsupportedBlockType, match="IQ3_XXS"):
+        decode("IQ3_XXS", blocks("IQ3_XXS"), ROWS, COLS)
 
 
 @pytest.mark.parametrize("qtype", ["Q4_0", "Q8_0", "Q6_K", "Q3_K"])

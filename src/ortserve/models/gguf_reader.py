@@ -8,8 +8,8 @@ Every supported GGML block type is written exactly as
 
     w = scale * (code - 2**(bits-1)) + offset        (offset optional)
 
-with unsigned ``bits``-bit codes (4 or 8), one float32 scale per ``group`` weights along a
-row, and, for types with a per-block minimum (Q4_1, Q5_1, Q2_K, Q4_K, Q5_K), one float32 offset per
+with unsigned ``bits``-bit codes (4 or 8; IQ4_NL/IQ4_XS's 4-bit indices into int8 levels
+become 8-bit codes), one float32 scale per ``group`` weights along a row, and, for types with a per-block minimum (Q4_1, Q5_1, Q2_K, Q4_K, Q5_K), one float32 offset per
 group. The zero point is always the MatMulNBits default (8 or 128), so graphs need no
 zero-point input; minimums become the offset, which the graph adds as a separate term.
 
@@ -33,7 +33,11 @@ from ortserve.errors import ModelError
 BLOCK_SIZES: dict[str, tuple[int, int]] = {
     "Q4_0": (32, 18), "Q4_1": (32, 20), "Q5_0": (32, 22), "Q5_1": (32, 24), "Q8_0": (32, 34),
     "Q2_K": (256, 84), "Q3_K": (256, 110), "Q4_K": (256, 144), "Q5_K": (256, 176), "Q6_K": (256, 210),
+    "IQ4_NL": (32, 18), "IQ4_XS": (256, 136),
 }
+# IQ4_NL/IQ4_XS: a 4-bit index into these int8 levels (ggml's kvalues_iq4nl), so 8-bit codes
+# level+128 hold them exactly.
+IQ4_LEVELS = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int16)
 SUPPORTED = tuple(BLOCK_SIZES)
 # Matrices the file keeps in float: they become plain fp32 MatMuls (exact, just larger).
 FLOAT_TYPES = ("F32", "F16", "BF16")
@@ -176,6 +180,15 @@ def _decode_blocks(qtype: str, b: np.ndarray) -> Decoded:
         q = (q6l | ((hi & 0x03).reshape(-1, 8, 32) << 4)).reshape(-1, 256)
         sc = b[:, 192:208].view(np.int8).astype(np.float32)
         return q + 96, _f16(b[:, 208:210])[:, None] * sc, None, 8
+    if qtype == "IQ4_NL":                         # d*level[q]: codes level+128
+        return IQ4_LEVELS[_nibbles(b[:, 2:])] + 128, _f16(b[:, 0:2])[:, None], None, 8
+    if qtype == "IQ4_XS":                         # d*(ls-32)*level[q], a 6-bit ls per 32 weights
+        ib = np.arange(8)
+        lo = (b[:, 4:8][:, ib // 2] >> (4 * (ib % 2)).astype(np.uint8)) & 0x0F
+        hi = (np.ascontiguousarray(b[:, 2:4]).view("<u2") >> (2 * ib).astype(np.uint16)) & 3
+        ls = (lo.astype(np.int16) | (hi.astype(np.int16) << 4)) - 32
+        q = _nibbles(b[:, 8:].reshape(-1, 8, 16)).reshape(-1, 256)
+        return IQ4_LEVELS[q] + 128, _f16(b[:, 0:2])[:, None] * ls.astype(np.float32), None, 8
     raise UnsupportedBlockType(f"GGML type {qtype} has no exact MatMulNBits form")
 
 

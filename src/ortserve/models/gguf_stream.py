@@ -143,7 +143,7 @@ def common_layout(weights: GGUFWeights, names: tuple[str, ...]) -> tuple[int, in
 # GGML type -> (code bits, weights per scale, has a per-block minimum), as gguf_reader decodes it
 LAYOUTS = {"Q4_0": (4, 32, False), "Q4_1": (4, 32, True), "Q5_0": (8, 32, False), "Q5_1": (8, 32, True),
            "Q8_0": (8, 32, False), "Q2_K": (4, 16, True), "Q3_K": (4, 16, False), "Q4_K": (4, 32, True),
-           "Q5_K": (8, 32, True), "Q6_K": (8, 16, False)}
+           "Q5_K": (8, 32, True), "Q6_K": (8, 16, False), "IQ4_NL": (8, 32, False), "IQ4_XS": (8, 32, False)}
 
 
 @dataclass
