@@ -258,7 +258,7 @@ def ratios(ours: dict[str, Any], ref: dict[str, Any]) -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", default="llama-3.2-1b", choices=sorted(SHAPES))
-    ap.add_argument("--types", nargs="+", default=["q4_k_m"], choices=["q4_k_m", "q8_0"])
+    ap.add_argument("--types", nargs="+", default=["q4_k_m"], choices=["q4_k_m", "q8_0", "iq4_xs"])
     ap.add_argument("--work", default=str(Path.home() / ".cache/ortserve-test/scale"))
     ap.add_argument("--llama-bin", default=os.environ.get("LLAMA_CPP_BIN"))
     ap.add_argument("--threads", type=int, default=2)
