@@ -23,6 +23,7 @@ import numpy as np
 BUDGET = 256 << 20     # weights per run: a few layers of a 1-8B model
 _LAYER = re.compile(r"/layers\.(\d+)/|/rows(\d+)$")   # a layer, or a piece of the LM head
 ROWS = 16384           # LM-head rows per piece
+_PIECE = re.compile(r"/rows(\d+)$")
 
 
 def weight_bytes(t: Any) -> int:
@@ -62,8 +63,9 @@ def topological(model: Any) -> None:
 
 
 def plan(model: Any, budget: int = BUDGET) -> list[tuple[int, int]]:
-    """Contiguous [start, end) node ranges of a topologically sorted graph, of about ``budget`` weight bytes, cut where a layer
-    begins; one range (the whole graph) when it is small or has no numbered layers."""
+    """Contiguous [start, end) node ranges of a topologically sorted graph, of about ``budget``
+    weight bytes, cut where a layer (or an LM-head piece) begins; one range (the whole graph)
+    when it is small or has no numbered layers."""
     nodes = model.graph.node
     if any(a.type in (5, 10) for n in nodes for a in n.attribute):   # GRAPH(S): If/Loop bodies see outer values
         return [(0, len(nodes))]
@@ -135,8 +137,16 @@ def logit_pieces(model: Any, rows: int = ROWS) -> list[str] | None:
     if last is None or nodes[last].op_type != "Concat":
         return None
     pieces = list(nodes[last].input)
+    if not all(_PIECE.search(p) for p in pieces):   # not split_wide's pieces: keep the whole logits
+        return None
     del nodes[last]
     return pieces
+
+
+def first_row(piece: str) -> int:
+    """The vocabulary column where a piece's logits start (split_wide names it by its first row)."""
+    m = _PIECE.search(piece)
+    return int(m.group(1)) if m else 0
 
 
 def run_layered(onnx_path: Path, model: Any, windows: list[dict[str, np.ndarray]],
@@ -166,8 +176,8 @@ def run_layered(onnx_path: Path, model: Any, windows: list[dict[str, np.ndarray]
             for w, vals in enumerate(values):
                 got = dict(zip(names, sess.run(names, {x: vals[x] for x in inputs})))
                 for name in pieces:
-                    if name in got:   # split_wide names a piece by its first row
-                        on_logits(w, int(name.rsplit("/rows", 1)[1]) if "/rows" in name else 0, got.pop(name))
+                    if name in got:
+                        on_logits(w, first_row(name), got.pop(name))
                 values[w] = {**{x: v for x, v in vals.items() if x in later}, **got}
             del sess
         finally:

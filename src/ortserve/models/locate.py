@@ -11,16 +11,32 @@ from ortserve.models.store import ModelStore
 
 
 def looks_like_path(ref: str) -> bool:
-    return "/" in ref or "\\" in ref or ref.startswith((".", "~")) or Path(ref).is_dir()
+    return ("/" in ref or "\\" in ref or ref.startswith((".", "~")) or ref.lower().endswith(".gguf")
+            or Path(ref).is_dir())
+
+
+def is_gguf_file(path: Path) -> bool:
+    try:
+        with path.open("rb") as f:
+            return f.read(4) == b"GGUF"
+    except OSError:
+        return False
 
 
 def resolve_model_dir(ref: str | None, settings: Any,
                       progress: Callable[[str], None] | None = None) -> tuple[Path, str]:
-    """(model directory, model id). The default model is imported on first use."""
+    """(model directory, model id). The default model is imported on first use, and so is a
+    GGUF file, as ``llama-server -m FILE.gguf`` serves it (``gguf_model_id``)."""
     ref = ref or DEFAULT_MODEL
     if looks_like_path(ref):
         path = Path(ref).expanduser()
-        return path, path.name  # loading it reports what is missing
+        if not is_gguf_file(path):
+            return path, path.name  # loading it reports what is missing
+        if settings is None:
+            from ortserve.config import load_settings
+
+            settings = load_settings()
+        ref = gguf_model_id(ModelStore(settings.store_dir), path, progress)
     store = ModelStore(settings.store_dir)
     entry = CATALOG.get(ref) or next((e for e in CATALOG.values() if ref in e.aliases), None)
     if entry is not None and entry.id == DEFAULT_MODEL:
@@ -38,6 +54,33 @@ def resolve_model_dir(ref: str | None, settings: Any,
     if device == "auto" and _wants_gpu_build(res, settings):
         res = _build_gpu_variant(store, ref, res, progress) or res
     return res.path, res.variant.model if res.variant is not None else res.model_id
+
+
+def gguf_model_id(store: ModelStore, path: Path, progress: Callable[[str], None] | None = None) -> str:
+    """The store id of a GGUF file, imported on first use (exactly, as `ortserve models import
+    FILE` does); a file changed since, or an id another source holds, is an error saying what to do."""
+    from ortserve.errors import StoreError
+    from ortserve.models.importer import import_gguf
+    from ortserve.models.variants import model_id_from_path
+
+    src = path.resolve()
+    mid = model_id_from_path(src)
+    have = [v for v in store.find(mid) if v.model == mid]
+    for v in have:
+        if v.source != f"gguf:{src}":
+            raise StoreError(f"model id {mid!r} (from {src.name}) is already installed from {v.source}",
+                             param="model", hint=f"import the file under another id: `ortserve models import "
+                                                 f"{src} --id NAME`, then serve NAME")
+        if src.stat().st_mtime > v.created:
+            raise StoreError(f"{src.name} changed after it was imported as {v.id}", param="model",
+                             hint=f"`ortserve models rm {mid}`, then serve the file again to re-import it")
+    if not have:   # minutes for a large file: said on a terminal, logged when piped
+        import logging
+
+        (progress or logging.getLogger("ortserve.models").info)(
+            f"importing {src.name} as {mid} (once; `ortserve models list` shows it)")
+        import_gguf(store, src, mid, progress=progress)
+    return mid
 
 
 def _wants_gpu_build(res: Any, settings: Any) -> bool:
