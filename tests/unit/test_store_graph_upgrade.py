@@ -47,8 +47,8 @@ def builds(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     calls: list[dict[str, Any]] = []
 
     def build_exact(store: ModelStore, gguf: Path, model_id: str, tmp: Path, progress: Any,
-                    aliases: list[str] | None) -> dict[str, Any]:
-        calls.append({"gguf": gguf, "model": model_id, "aliases": aliases})
+                    aliases: list[str] | None, speed: bool) -> dict[str, Any]:
+        calls.append({"gguf": gguf, "model": model_id, "aliases": aliases, "speed": speed})
         time.sleep(0.3)   # long enough for a concurrent caller to queue on the lock
         (tmp / "model.onnx").write_bytes(f"graph v{GRAPH_VERSION}".encode())
         return {"precision": "q4_1", "device": "cpu", "source": f"gguf:{gguf}", "aliases": aliases or [],
@@ -71,6 +71,7 @@ def test_ensure_default_reimports_an_older_exact_graph_once(tmp_path: Path, buil
     said: list[str] = []
     v = importer.ensure_default(store, said.append)
     assert len(builds) == 1 and builds[0]["gguf"] == embedded_gguf().resolve() and builds[0]["aliases"] == ["default"]
+    assert builds[0]["speed"] is False    # the old manifest had no speed: the re-import measures none either
     assert v.path == path and v.notes["gguf_exact"]["graph_version"] == GRAPH_VERSION
     assert manifest(path)["notes"]["gguf_exact"]["graph_version"] == GRAPH_VERSION
     assert manifest(path)["aliases"] == ["default"]

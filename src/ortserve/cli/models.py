@@ -178,9 +178,8 @@ def _show_embedding(variants: list[Any], as_json: bool) -> None:
 @click.option("--tool-format", default=None, metavar="NAME",
               help="The tool-call syntax to use instead of the detected one: hermes, llama3_json, mistral, "
                    "phi4 or gemma (docs/tools.md).")
-@click.option("--speed", is_flag=True,
-              help="GGUF: also measure decode speed, loading the whole model as serving does (about 1.7x "
-                   "a Q4_K_M file's memory; the import alone stays near the file's size).")
+@click.option("--speed", is_flag=True, help="GGUF: also measure decode speed, loading the whole model as "
+              "serving does (~1.7x a Q4_K_M file's memory; the import alone stays near the file's size).")
 @quant_options_decorator
 @json_option
 @handles_errors
