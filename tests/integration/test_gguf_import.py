@@ -51,3 +51,20 @@ def test_unsupported_block_type_falls_back_to_requantizing(tmp_path: Path) -> No
     v = import_gguf(store, path, "tiny-iq4", progress=said.append)
     assert v.variant == "int8-cpu" and "gguf_exact" not in v.notes
     assert any("IQ3_XXS" in m and "re-quantizing to int8" in m for m in said), said
+
+
+def test_cli_import_measures_speed_with_the_flag(tmp_path: Path) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from ortserve.cli.main import cli
+
+    path = write_tiny_gguf(tmp_path / "t.gguf", uniform("Q4_0"))
+    env = {"ORTSERVE_HOME": str(tmp_path / "home")}
+    res = CliRunner().invoke(cli, ["models", "import", str(path), "--id", "fast", "--speed", "--json"], env=env)
+    assert res.exit_code == 0, res.output
+    v = json.loads(res.stdout)
+    assert v["id"] == "fast:q4_0-cpu" and v["speed"]["decode_tps"] > 0 and v["quality"]["perplexity"] > 1
+    listed = CliRunner().invoke(cli, ["models", "list"], env=env).output   # without --speed: test above
+    assert f"{v['speed']['decode_tps']:g}" in listed.splitlines()[1].split(), listed   # the TOK/S column
