@@ -34,7 +34,8 @@ Q4_K_M = {"attn_q": "Q4_K", "attn_k": "Q4_K", "attn_v": "Q6_K", "attn_output": "
 
 
 def write(path: Path, arch: str, types: dict[str, str], *, embd: str, output: str | None = None,
-          bias: bool = False, qk_norm: bool = False, rope_freqs: bool = False) -> Path:
+          bias: bool = False, qk_norm: bool = False, rope_freqs: bool = False,
+          rope_scaling: tuple[str, float] | None = None) -> Path:
     from ortserve.models.catalog import embedded_gguf
 
     rng = np.random.default_rng(1)
@@ -50,6 +51,9 @@ def write(path: Path, arch: str, types: dict[str, str], *, embd: str, output: st
     w.add_key_length(HEAD_DIM)
     w.add_value_length(HEAD_DIM)
     w.add_rope_freq_base(10000.0)
+    if rope_scaling:
+        w.add_string(f"{arch}.rope.scaling.type", rope_scaling[0])
+        w.add_float32(f"{arch}.rope.scaling.factor", rope_scaling[1])
     w.add_layer_norm_rms_eps(1e-6)
     for key, f in src.fields.items():
         if key.startswith("tokenizer."):
@@ -94,7 +98,10 @@ def write(path: Path, arch: str, types: dict[str, str], *, embd: str, output: st
 def dequantized(path: Path) -> tuple[str, dict[str, np.ndarray]]:
     r = gguf.GGUFReader(str(path))
     arch = str(bytes(r.fields["general.architecture"].parts[-1]), "utf-8")
-    return arch, {x.name: np.asarray(gguf.quants.dequantize(x.data, x.tensor_type), np.float64) for x in r.tensors}
+    t = {x.name: np.asarray(gguf.quants.dequantize(x.data, x.tensor_type), np.float64) for x in r.tensors}
+    if f"{arch}.rope.scaling.factor" in r.fields:   # linear scaling: llama.cpp's freq_scale = 1/factor
+        t["rope.linear"] = np.float64(r.fields[f"{arch}.rope.scaling.factor"].parts[-1][0])
+    return arch, t
 
 
 def reference_logits(arch: str, t: dict[str, np.ndarray], ids: list[int]) -> np.ndarray:
@@ -104,7 +111,7 @@ def reference_logits(arch: str, t: dict[str, np.ndarray], ids: list[int]) -> np.
         return x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6) * wt
 
     n = len(ids)
-    inv = 10000.0 ** (-np.arange(0, HEAD_DIM, 2) / HEAD_DIM) / t.get("rope_freqs.weight", 1.0)
+    inv = 10000.0 ** (-np.arange(0, HEAD_DIM, 2) / HEAD_DIM) / t.get("rope_freqs.weight", 1.0) / t.get("rope.linear", 1.0)
     ang = np.outer(np.arange(n), inv)
     cos, sin = np.cos(ang), np.sin(ang)
 
@@ -239,6 +246,32 @@ def test_iq4_files_import_exactly(tmp_path: Path) -> None:
     assert og_greedy(tmp_path / "out") == want_tokens    # at fp32 compute: writes model.fp32.onnx
     got = first_logits(tmp_path / "out")
     assert np.abs(got - want_logits).max() / np.abs(want_logits).max() < 2e-3
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_linear_rope_scaling_is_read_and_yarn_refused(tmp_path: Path, arch: str) -> None:
+    """A linear rope.scaling.factor divides the positions (as llama.cpp's freq_scale); YaRN is
+    refused in seconds through `models import`, since a graph without it would answer differently."""
+    from ortserve.models.importer import import_gguf
+    from ortserve.models.store import ModelStore
+
+    types = dict.fromkeys(MATS, "Q8_0")
+    path = write(tmp_path / "linear.gguf", arch, types, embd="Q8_0", rope_freqs=arch == "llama",
+                 rope_scaling=("linear", 4.0))
+    import_gguf_streamed(path, tmp_path / "out")
+    want_tokens, want_logits = reference_greedy(path)
+    assert og_greedy(tmp_path / "out") == want_tokens
+    got = first_logits(tmp_path / "out")
+    assert np.abs(got - want_logits).max() / np.abs(want_logits).max() < 2e-3
+    unscaled = reference_logits(*dequantized(write(tmp_path / "plain.gguf", arch, types, embd="Q8_0",
+                                                   rope_freqs=arch == "llama")), list(PROMPT))
+    assert np.abs(unscaled - want_logits).max() / np.abs(want_logits).max() > 1e-2   # the factor matters here
+
+    yarn = write(tmp_path / "yarn.gguf", arch, types, embd="Q8_0", rope_scaling=("yarn", 4.0))
+    t0 = time.monotonic()
+    with pytest.raises(ModelError, match=r"rope.scaling.type 'yarn' is not supported.*none, linear"):
+        import_gguf(ModelStore(tmp_path / "home"), yarn, "y")
+    assert time.monotonic() - t0 < 5
 
 
 def test_unsupported_block_type_is_refused_before_any_work(tmp_path: Path) -> None:

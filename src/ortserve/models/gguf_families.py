@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from ortserve.errors import ModelError
-from ortserve.models.gguf_graph import GraphWriter, Spec, rotary_caches
+from ortserve.models.gguf_graph import GraphWriter, Spec, linear_rope_factor, rotary_caches
 from ortserve.models.gguf_reader import GGUFWeights, _field
 from ortserve.models.gguf_stream import vector
 
@@ -205,6 +205,8 @@ def refuse_unsupported(weights: GGUFWeights, spec: Spec) -> None:
     """Raise ModelError, in the header-reading time, for a family variant this graph does not write."""
     if spec.arch in FAMILY_ARCHITECTURES:
         FamilySpec.of(weights, spec)
+    else:
+        linear_rope_factor(weights)
 
 
 def writer_for(arch: str) -> type[GraphWriter]:

@@ -24,7 +24,7 @@ import numpy as np
 
 from ortserve.errors import ModelError
 from ortserve.models.gguf_families import FAMILY_ARCHITECTURES, genai_type, refuse_unsupported, writer_for
-from ortserve.models.gguf_graph import STREAM_ARCHITECTURES, Spec
+from ortserve.models.gguf_graph import STREAM_ARCHITECTURES, Spec, rope_scaling
 from ortserve.models.gguf_reader import GGUFWeights, _field, count_types, preflight
 from ortserve.models.gguf_stream import DataFile
 from ortserve.models.quality import release_freed_memory
@@ -55,8 +55,11 @@ STREAM_MIN_BYTES = 256 << 20
 def streamable(weights: GGUFWeights) -> bool:
     """Whether this file takes the streamed path: its architecture's graph is written here, and
     the file is large enough (``STREAM_MIN_BYTES``) that the transformers path's memory matters.
-    phi3 and gemma2/3 take it at any size: the builder-patching exact path does not map them."""
+    phi3 and gemma2/3 take it at any size: the builder-patching exact path does not map them,
+    nor does it read rope scaling, so a file with any takes it too (it is read or refused there)."""
     if weights.arch in FAMILY_ARCHITECTURES:
+        return True
+    if weights.arch in STREAM_ARCHITECTURES and rope_scaling(weights) != "none":
         return True
     return weights.arch in STREAM_ARCHITECTURES and weights.path.stat().st_size >= STREAM_MIN_BYTES
 

@@ -73,6 +73,29 @@ class Spec:
                    "output.weight" not in weights.tensors)
 
 
+ROPE_SCALINGS = ("none", "linear")   # rope.scaling.type values the llama/mistral/qwen graph reads
+
+
+def rope_scaling(weights: GGUFWeights) -> str:
+    return str(_field(weights.reader, f"{weights.arch}.rope.scaling.type", "none"))
+
+
+def linear_rope_factor(weights: GGUFWeights) -> float:
+    """llama/mistral/qwen2/qwen3: positions divided by a linear ``rope.scaling.factor`` (llama.cpp's
+    freq_scale = 1/factor, beside Llama 3's rope_freqs); 1.0 without scaling. Any other scaling
+    (YaRN) is refused, before any output, rather than written without it."""
+    kind, a = rope_scaling(weights), weights.arch
+    if kind not in ROPE_SCALINGS:
+        raise ModelError(f"{weights.path.name}: rope.scaling.type {kind!r} is not supported by the streamed import "
+                         f"of {a} (supported: {', '.join(ROPE_SCALINGS)}, and Llama 3's rope_freqs)",
+                         hint="a copy of the model without long-context scaling imports; llama.cpp "
+                              "`--rope-scaling none` serves this file unscaled")
+    factor = float(_field(weights.reader, f"{a}.rope.scaling.factor", 1.0)) if kind == "linear" else 1.0
+    if not factor > 0:
+        raise ModelError(f"{weights.path.name}: rope.scaling.factor {factor} is not positive")
+    return factor
+
+
 def rotary_caches(spec: Spec, factors: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
     """cos/sin [context, rope_dim/2] as the builder makes them; ``factors`` (GGUF
     rope_freqs, Llama 3's frequency scaling) divide the frequencies as llama.cpp does."""
@@ -203,6 +226,9 @@ class GraphWriter:
     def rotary(self) -> None:
         w = self.w
         factors = vector(w, "rope_freqs.weight") if "rope_freqs.weight" in w.tensors else None
+        linear = linear_rope_factor(w)
+        if linear != 1.0:
+            factors = (np.ones(self.spec.rope_dim // 2, np.float32) if factors is None else factors) * np.float32(linear)
         caches = rotary_caches(self.spec, factors)
         self.cos_sin = tuple(self.init(n, a) for n, a in zip(("cos_cache", "sin_cache"), caches))
 

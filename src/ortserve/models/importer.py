@@ -66,8 +66,15 @@ def import_gguf(store: ModelStore, gguf: Path, model_id: str, *, precision: str 
     check_gguf(gguf)  # bounds-checked header + architecture, before transformers reads it
     from ortserve.models.gguf_reader import open_header
 
-    open_header(gguf, GGUF_ARCHITECTURES)   # every block type readable, or a refusal in seconds
+    header = open_header(gguf, GGUF_ARCHITECTURES)   # every block type readable, or a refusal in seconds
     precision = requantize or precision
+    if precision is None and device == "cpu":   # rope scaling the streamed graph cannot write: refused now
+        from ortserve.models.gguf_families import refuse_unsupported
+        from ortserve.models.gguf_graph import STREAM_ARCHITECTURES, Spec
+
+        if header.arch in STREAM_ARCHITECTURES:
+            refuse_unsupported(header, Spec.of(header, header.reader))
+    del header
     if precision is None:
         exact = _exact_plan(gguf, device, progress)
         if exact is not None:
