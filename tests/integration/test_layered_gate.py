@@ -42,3 +42,18 @@ def test_the_fp32_compute_reference_layered_equals_whole(model_copy: Path, monke
     layered = gguf_fast.fp32_compute_perplexity(model_copy)
     assert whole > 1 and layered == pytest.approx(whole, rel=1e-12)
     assert not [p for p in model_copy.iterdir() if ".gate" in p.name or "fp32-compute" in p.name]
+
+
+def test_a_directory_the_runs_cannot_be_written_to_scores_the_whole_graph(model_copy: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    import onnx
+    from tokenizers import Tokenizer
+
+    ids = Tokenizer.from_file(str(model_copy / "tokenizer.json")).encode(quality.heldout_text()).ids[:200]
+    whole = quality.token_logprobs(model_copy, ids, budget=0)
+
+    def read_only(*_a: object, **_k: object) -> None:
+        raise PermissionError("read-only file system")
+
+    monkeypatch.setattr(onnx, "save_model", read_only)   # a --link import of a read-only directory
+    assert np.array_equal(quality.token_logprobs(model_copy, ids, budget=8 << 20), whole)

@@ -94,7 +94,13 @@ def token_logprobs(model_dir: Path, ids: list[int], window: int = 512, budget: i
         picks[w].add(first, logits[0])
 
     budget = BUDGET if budget is None else budget
-    if not (budget and run_layered(onnx_path, model, windows, score, session, budget, release_freed_memory)):
+    try:
+        layered = bool(budget) and run_layered(onnx_path, model, windows, score, session, budget,
+                                               release_freed_memory)
+    except OSError:   # its runs are written beside the model: a read-only (--link) directory
+        layered = False
+        picks = [LogSoftmaxPick(c[0, 1:]) for c in chunks]
+    if not layered:
         del model
         sess = session(onnx_path)
         for w, feeds in enumerate(windows):
