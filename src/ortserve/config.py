@@ -37,7 +37,7 @@ class Settings(BaseSettings):
     home: Path = Field(Path("~/.cache/ortserve"), validation_alias=_env("ORTSERVE_HOME"),
                        description="Model store, ledger and telemetry root")
     model: str | None = Field(None, validation_alias=_env("ORTSERVE_MODEL", "GENAI_MODEL_DIR"),
-                              description="Model id in the store or a model directory (default: smollm2-135m)")
+                              description="Model id in the store, a model directory or a .gguf file (default: smollm2-135m)")
     # runtime
     device: str = Field("auto", validation_alias=_env("ORTSERVE_DEVICE", "GENAI_DEVICE"),
                         description="Execution provider: auto, cpu, cuda, dml, webgpu, openvino")

@@ -35,7 +35,7 @@ Q4_K_M = {"attn_q": "Q4_K", "attn_k": "Q4_K", "attn_v": "Q6_K", "attn_output": "
 
 def write(path: Path, arch: str, types: dict[str, str], *, embd: str, output: str | None = None,
           bias: bool = False, qk_norm: bool = False, rope_freqs: bool = False,
-          rope_scaling: tuple[str, float] | None = None) -> Path:
+          rope_kv: dict[str, str | float | int] | None = None) -> Path:
     from ortserve.models.catalog import embedded_gguf
 
     rng = np.random.default_rng(1)
@@ -51,9 +51,9 @@ def write(path: Path, arch: str, types: dict[str, str], *, embd: str, output: st
     w.add_key_length(HEAD_DIM)
     w.add_value_length(HEAD_DIM)
     w.add_rope_freq_base(10000.0)
-    if rope_scaling:
-        w.add_string(f"{arch}.rope.scaling.type", rope_scaling[0])
-        w.add_float32(f"{arch}.rope.scaling.factor", rope_scaling[1])
+    for key, value in (rope_kv or {}).items():   # rope.scaling.type, .factor, ...
+        add = w.add_string if isinstance(value, str) else w.add_uint32 if isinstance(value, int) else w.add_float32
+        add(f"{arch}.{key}", value)
     w.add_layer_norm_rms_eps(1e-6)
     for key, f in src.fields.items():
         if key.startswith("tokenizer."):
@@ -99,9 +99,28 @@ def dequantized(path: Path) -> tuple[str, dict[str, np.ndarray]]:
     r = gguf.GGUFReader(str(path))
     arch = str(bytes(r.fields["general.architecture"].parts[-1]), "utf-8")
     t = {x.name: np.asarray(gguf.quants.dequantize(x.data, x.tensor_type), np.float64) for x in r.tensors}
-    if f"{arch}.rope.scaling.factor" in r.fields:   # linear scaling: llama.cpp's freq_scale = 1/factor
-        t["rope.linear"] = np.float64(r.fields[f"{arch}.rope.scaling.factor"].parts[-1][0])
+    t["rope"] = {k.removeprefix(f"{arch}.rope."): r.fields[k].contents() for k in r.fields
+                 if k.startswith(f"{arch}.rope.")}   # scaling.type, scaling.factor, scale_linear, ...
     return arch, t
+
+
+def rope_angles(rope: dict, n: int) -> tuple[np.ndarray, float]:
+    """[n, HEAD_DIM/2] angles and the cos/sin magnitude, as llama.cpp's rope_yarn computes them
+    per position (ggml-cpu/ops.cpp; llama-context.cpp for the magnitude), in float64."""
+    kind = rope.get("scaling.type", "linear")
+    factor = (rope.get("scaling.factor") or rope.get("scale_linear") or 1.0) if kind != "none" else 1.0
+    extrap = np.outer(np.arange(n), 10000.0 ** (-np.arange(0, HEAD_DIM, 2) / HEAD_DIM))
+    if kind != "yarn":   # llama.cpp scales cos/sin by rope.scaling.attn_factor whatever the type
+        return extrap / factor, rope.get("scaling.attn_factor", 1.0)
+    orig = rope["scaling.original_context_length"]
+
+    def corr(beta: float) -> float:
+        return HEAD_DIM * np.log(orig / (beta * 2 * np.pi)) / (2 * np.log(10000.0))
+
+    low, high = max(0, np.floor(corr(32))), min(HEAD_DIM - 1, np.ceil(corr(1)))
+    mix = 1 - np.clip((np.arange(0, HEAD_DIM, 2) // 2 - low) / max(0.001, high - low), 0, 1)
+    theta = (extrap / factor) * (1 - mix) + extrap * mix
+    return theta, rope.get("scaling.attn_factor", 1.0) * (1 + 0.1 * np.log(factor))
 
 
 def reference_logits(arch: str, t: dict[str, np.ndarray], ids: list[int]) -> np.ndarray:
@@ -111,9 +130,9 @@ def reference_logits(arch: str, t: dict[str, np.ndarray], ids: list[int]) -> np.
         return x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6) * wt
 
     n = len(ids)
-    inv = 10000.0 ** (-np.arange(0, HEAD_DIM, 2) / HEAD_DIM) / t.get("rope_freqs.weight", 1.0) / t.get("rope.linear", 1.0)
-    ang = np.outer(np.arange(n), inv)
-    cos, sin = np.cos(ang), np.sin(ang)
+    ang, magnitude = rope_angles(t["rope"], n)
+    ang = ang / t.get("rope_freqs.weight", 1.0)
+    cos, sin = np.cos(ang) * magnitude, np.sin(ang) * magnitude
 
     def rope(x: np.ndarray) -> np.ndarray:   # [n, heads, d]
         if arch in ("llama", "mistral"):     # llama.cpp NORM: adjacent pairs
@@ -248,30 +267,42 @@ def test_iq4_files_import_exactly(tmp_path: Path) -> None:
     assert np.abs(got - want_logits).max() / np.abs(want_logits).max() < 2e-3
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_linear_rope_scaling_is_read_and_yarn_refused(tmp_path: Path, arch: str) -> None:
-    """A linear rope.scaling.factor divides the positions (as llama.cpp's freq_scale); YaRN is
-    refused in seconds through `models import`, since a graph without it would answer differently."""
-    from ortserve.models.importer import import_gguf
-    from ortserve.models.store import ModelStore
+ROPE_CASES = {   # name: (arch, rope keys) -- llama.cpp's rope scaling, as the file says it
+    "linear": ("llama", {"rope.scaling.type": "linear", "rope.scaling.factor": 4.0}),   # beside rope_freqs
+    # the older key, the type defaulting to linear, and an attention factor (cos/sin x 1.3)
+    "scale_linear": ("qwen2", {"rope.scale_linear": 2.0, "rope.scaling.attn_factor": 1.3}),
+    "yarn": ("llama", {"rope.scaling.type": "yarn", "rope.scaling.factor": 8.0,
+                       "rope.scaling.original_context_length": 32, "rope.scaling.attn_factor": 0.9}),
+}
 
+
+@pytest.mark.parametrize("case", sorted(ROPE_CASES))
+def test_rope_scaling_is_read_as_llama_cpp_reads_it(tmp_path: Path, case: str) -> None:
+    """Linear factors divide the positions; YaRN mixes interpolated and extrapolated angles by a
+    ramp and scales cos/sin (the reference computes llama.cpp's rope_yarn per position)."""
+    arch, rope = ROPE_CASES[case]
     types = dict.fromkeys(MATS, "Q8_0")
-    path = write(tmp_path / "linear.gguf", arch, types, embd="Q8_0", rope_freqs=arch == "llama",
-                 rope_scaling=("linear", 4.0))
+    path = write(tmp_path / "scaled.gguf", arch, types, embd="Q8_0", rope_freqs=arch == "llama", rope_kv=rope)
     import_gguf_streamed(path, tmp_path / "out")
     want_tokens, want_logits = reference_greedy(path)
     assert og_greedy(tmp_path / "out") == want_tokens
     got = first_logits(tmp_path / "out")
     assert np.abs(got - want_logits).max() / np.abs(want_logits).max() < 2e-3
-    unscaled = reference_logits(*dequantized(write(tmp_path / "plain.gguf", arch, types, embd="Q8_0",
-                                                   rope_freqs=arch == "llama")), list(PROMPT))
-    assert np.abs(unscaled - want_logits).max() / np.abs(want_logits).max() > 1e-2   # the factor matters here
+    plain = write(tmp_path / "plain.gguf", arch, types, embd="Q8_0", rope_freqs=arch == "llama")
+    unscaled = reference_logits(*dequantized(plain), list(PROMPT))
+    assert np.abs(unscaled - want_logits).max() / np.abs(want_logits).max() > 1e-2   # the scaling matters here
 
-    yarn = write(tmp_path / "yarn.gguf", arch, types, embd="Q8_0", rope_scaling=("yarn", 4.0))
+
+def test_an_unknown_rope_scaling_is_refused_in_seconds(tmp_path: Path) -> None:
+    from ortserve.models.importer import import_gguf
+    from ortserve.models.store import ModelStore
+
+    path = write(tmp_path / "lr.gguf", "llama", dict.fromkeys(MATS, "Q8_0"), embd="Q8_0",
+                 rope_kv={"rope.scaling.type": "longrope", "rope.scaling.factor": 4.0})
     t0 = time.monotonic()
-    with pytest.raises(ModelError, match=r"rope.scaling.type 'yarn' is not supported.*none, linear"):
-        import_gguf(ModelStore(tmp_path / "home"), yarn, "y")
-    assert time.monotonic() - t0 < 5
+    with pytest.raises(ModelError, match=r"rope.scaling.type 'longrope' is not supported.*none, linear, yarn"):
+        import_gguf(ModelStore(tmp_path / "home"), path, "y")
+    assert time.monotonic() - t0 < 10 and not list((tmp_path / "home").rglob("*.onnx"))   # one header read
 
 
 def test_unsupported_block_type_is_refused_before_any_work(tmp_path: Path) -> None:

@@ -50,7 +50,8 @@ def settings_from(**flags: Any) -> Settings:
 def model_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """--model and the runtime options every model-using command takes."""
     opts = [
-        click.option("--model", "-m", default=None, help="Model id in the store or a model directory"),
+        click.option("--model", "-m", default=None,
+                     help="Model id in the store, a model directory, or a .gguf file (imported on first use)"),
         click.option("--device", default=None, help="auto, cpu, cuda, dml, webgpu, openvino"),
         click.option("--max-batch", type=int, default=None, help="Most sequences decoded together"),
         click.option("--max-length", type=int, default=None, help="Cap on context length"),

@@ -29,8 +29,9 @@ from typing import Any
 import numpy as np
 
 from ortserve.errors import ModelError
-from ortserve.models.gguf_graph import GraphWriter, Spec, linear_rope_factor, rotary_caches
+from ortserve.models.gguf_graph import GraphWriter, Spec, rotary_caches
 from ortserve.models.gguf_reader import GGUFWeights, _field
+from ortserve.models.gguf_rope import rope_divisors
 from ortserve.models.gguf_stream import vector
 
 FAMILY_ARCHITECTURES = ("phi3", "gemma2", "gemma3")
@@ -206,7 +207,7 @@ def refuse_unsupported(weights: GGUFWeights, spec: Spec) -> None:
     if spec.arch in FAMILY_ARCHITECTURES:
         FamilySpec.of(weights, spec)
     else:
-        linear_rope_factor(weights)
+        rope_divisors(weights, spec.rope_dim, spec.theta)
 
 
 def writer_for(arch: str) -> type[GraphWriter]:

@@ -24,8 +24,9 @@ import numpy as np
 
 from ortserve.errors import ModelError
 from ortserve.models.gguf_families import FAMILY_ARCHITECTURES, genai_type, refuse_unsupported, writer_for
-from ortserve.models.gguf_graph import STREAM_ARCHITECTURES, Spec, rope_scaling
+from ortserve.models.gguf_graph import STREAM_ARCHITECTURES, Spec
 from ortserve.models.gguf_reader import GGUFWeights, _field, count_types, preflight
+from ortserve.models.gguf_rope import scales_rope
 from ortserve.models.gguf_stream import DataFile
 from ortserve.models.quality import release_freed_memory
 
@@ -59,7 +60,7 @@ def streamable(weights: GGUFWeights) -> bool:
     nor does it read rope scaling, so a file with any takes it too (it is read or refused there)."""
     if weights.arch in FAMILY_ARCHITECTURES:
         return True
-    if weights.arch in STREAM_ARCHITECTURES and rope_scaling(weights) != "none":
+    if weights.arch in STREAM_ARCHITECTURES and scales_rope(weights):
         return True
     return weights.arch in STREAM_ARCHITECTURES and weights.path.stat().st_size >= STREAM_MIN_BYTES
 

@@ -19,6 +19,7 @@ import numpy as np
 
 from ortserve.errors import ModelError
 from ortserve.models.gguf_reader import GGUFWeights, _field
+from ortserve.models.gguf_rope import rope_divisors
 from ortserve.models.gguf_stream import (
     Checks,
     DataFile,
@@ -71,29 +72,6 @@ class Spec:
                    float(_field(reader, f"{a}.rope.freq_base", 10000.0)),
                    int(_field(reader, f"{a}.rope.dimension_count", head_dim)),
                    "output.weight" not in weights.tensors)
-
-
-ROPE_SCALINGS = ("none", "linear")   # rope.scaling.type values the llama/mistral/qwen graph reads
-
-
-def rope_scaling(weights: GGUFWeights) -> str:
-    return str(_field(weights.reader, f"{weights.arch}.rope.scaling.type", "none"))
-
-
-def linear_rope_factor(weights: GGUFWeights) -> float:
-    """llama/mistral/qwen2/qwen3: positions divided by a linear ``rope.scaling.factor`` (llama.cpp's
-    freq_scale = 1/factor, beside Llama 3's rope_freqs); 1.0 without scaling. Any other scaling
-    (YaRN) is refused, before any output, rather than written without it."""
-    kind, a = rope_scaling(weights), weights.arch
-    if kind not in ROPE_SCALINGS:
-        raise ModelError(f"{weights.path.name}: rope.scaling.type {kind!r} is not supported by the streamed import "
-                         f"of {a} (supported: {', '.join(ROPE_SCALINGS)}, and Llama 3's rope_freqs)",
-                         hint="a copy of the model without long-context scaling imports; llama.cpp "
-                              "`--rope-scaling none` serves this file unscaled")
-    factor = float(_field(weights.reader, f"{a}.rope.scaling.factor", 1.0)) if kind == "linear" else 1.0
-    if not factor > 0:
-        raise ModelError(f"{weights.path.name}: rope.scaling.factor {factor} is not positive")
-    return factor
 
 
 def rotary_caches(spec: Spec, factors: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
@@ -226,11 +204,11 @@ class GraphWriter:
     def rotary(self) -> None:
         w = self.w
         factors = vector(w, "rope_freqs.weight") if "rope_freqs.weight" in w.tensors else None
-        linear = linear_rope_factor(w)
-        if linear != 1.0:
-            factors = (np.ones(self.spec.rope_dim // 2, np.float32) if factors is None else factors) * np.float32(linear)
+        scaling, magnitude = rope_divisors(w, self.spec.rope_dim, self.spec.theta)   # linear or YaRN
+        if scaling is not None:
+            factors = scaling if factors is None else factors * scaling
         caches = rotary_caches(self.spec, factors)
-        self.cos_sin = tuple(self.init(n, a) for n, a in zip(("cos_cache", "sin_cache"), caches))
+        self.cos_sin = tuple(self.init(n, a * np.float32(magnitude)) for n, a in zip(("cos_cache", "sin_cache"), caches))
 
     def caches(self, i: int) -> tuple[str, ...]:
         return self.cos_sin
