@@ -152,6 +152,14 @@ def test_float_matrices_and_tied_float_head_become_plain_matmuls(tmp_path: Path)
     assert ops.count("MatMulNBits") == 2 * LAYERS       # o_proj is F32, qkv/up hold F16 parts
 
 
+def test_iq4_types_import_exactly_through_the_builder_path(tmp_path: Path) -> None:
+    """A small IQ4_XS file (IQ4_NL matrices, tied IQ4_XS embedding) on the builder-patching
+    path: 4-bit level indices held as 8-bit codes, the same weights as gguf's dequantization."""
+    types = [{**uniform("IQ4_XS")[0], "attn_v": "IQ4_NL", "ffn_down": "IQ4_NL"}]
+    report = assert_exact(tmp_path, write_tiny_gguf(tmp_path / "iq4.gguf", types, embd="IQ4_XS"))
+    assert report["gguf_types"] == {"IQ4_XS": LAYERS * 5 + 1, "IQ4_NL": LAYERS * 2}
+
+
 def test_unsupported_block_type_is_refused_before_any_work(tmp_path: Path) -> None:
     path = write_tiny_gguf(tmp_path / "iq3.gguf", [{**uniform("Q4_0")[0], "ffn_down": "IQ3_XXS"}])
     with pytest.raises(UnsupportedBlockType, match="IQ3_XXS"):

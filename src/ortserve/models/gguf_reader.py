@@ -9,8 +9,9 @@ Every supported GGML block type is written exactly as
     w = scale * (code - 2**(bits-1)) + offset        (offset optional)
 
 with unsigned ``bits``-bit codes (4 or 8; IQ4_NL/IQ4_XS's 4-bit indices into int8 levels
-become 8-bit codes), one float32 scale per ``group`` weights along a row, and, for types with a per-block minimum (Q4_1, Q5_1, Q2_K, Q4_K, Q5_K), one float32 offset per
-group. The zero point is always the MatMulNBits default (8 or 128), so graphs need no
+become 8-bit codes), one float32 scale per ``group`` weights along a row, and, for types with
+a per-block minimum (Q4_1, Q5_1, Q2_K, Q4_K, Q5_K), one float32 offset per group. The zero
+point is always the MatMulNBits default (8 or 128), so graphs need no
 zero-point input; minimums become the offset, which the graph adds as a separate term.
 
 Scales are products of an fp16 and a small integer (exact in float32); offsets are a sum
