@@ -86,9 +86,11 @@ def plan(model: Any, budget: int = BUDGET) -> list[tuple[int, int]]:
     return list(pairwise(cuts))
 
 
-def _segments(model: Any, ranges: list[tuple[int, int]], keep: set[str]) -> Iterator[tuple[Any, list[str]]]:
+def _segments(model: Any, ranges: list[tuple[int, int]],
+              keep: set[str]) -> Iterator[tuple[Any, list[str], set[str]]]:
     """Each range as a model: its nodes, the initializers they read, inputs from earlier runs (or
-    the graph), and as outputs what later runs read and the graph outputs in ``keep``."""
+    the graph), and as outputs what later runs read and the graph outputs in ``keep``; with its
+    inputs' names and the names later runs read (or ``keep``)."""
     from onnx import helper
 
     nodes = model.graph.node
@@ -113,7 +115,7 @@ def _segments(model: Any, ranges: list[tuple[int, int]], keep: set[str]) -> Iter
             [helper.make_empty_tensor_value_info(o) for o in outs],
             [inits[x] for x in dict.fromkeys(read) if x in inits])
         m = helper.make_model(g, opset_imports=model.opset_import, ir_version=model.ir_version)
-        yield m, inputs
+        yield m, inputs, after
 
 
 def _typed(m: Any, feeds: dict[str, np.ndarray]) -> None:
@@ -165,11 +167,10 @@ def run_layered(onnx_path: Path, model: Any, windows: list[dict[str, np.ndarray]
     pieces = logit_pieces(model) or ["logits"]
     ranges = plan(model, budget)
     values = [dict(w) for w in windows]
-    for k, (m, inputs) in enumerate(_segments(model, ranges, set(pieces))):
+    for k, (m, inputs, later) in enumerate(_segments(model, ranges, set(pieces))):
         _typed(m, values[0])
         path = onnx_path.with_name(f"{onnx_path.stem}.gate{k}.onnx")
         onnx.save_model(m, str(path))
-        later = {x for a, b in ranges[k + 1:] for n in model.graph.node[a:b] for x in n.input}
         try:
             sess = session(path)
             names = [o.name for o in sess.get_outputs()]

@@ -25,7 +25,13 @@ from ortserve.models.catalog import (
 from ortserve.models.quality import perplexity
 from ortserve.models.sampling import for_source
 from ortserve.models.store import ModelStore, Variant, validate_name
-from ortserve.models.validate import GGUF_ARCHITECTURES, check_gguf, check_hf_dir, check_onnx_dir
+from ortserve.models.validate import (
+    GGUF_ARCHITECTURES,
+    check_gguf,
+    check_hf_dir,
+    check_onnx_dir,
+    has_gguf_magic,
+)
 from ortserve.models.variants import (  # re-exported: callers and tests import them from here
     ALGOS,
     Progress,
@@ -252,9 +258,7 @@ def import_path(store: ModelStore, path: Path, *, model_id: str | None = None,
     path = Path(path).expanduser()
     mid = validate_name(model_id) if model_id else None
     if path.is_file():
-        with Path(path).open("rb") as f:
-            is_gguf = f.read(4) == b"GGUF"
-        if not is_gguf:
+        if not has_gguf_magic(path):
             raise ModelError(f"{path.name} is not a GGUF file",
                              hint="import takes a .gguf file, a Hugging Face or an ONNX GenAI directory")
         return import_gguf(store, path, mid or model_id_from_path(path), precision=precision, device=device,

@@ -16,10 +16,11 @@ def looks_like_path(ref: str) -> bool:
 
 
 def is_gguf_file(path: Path) -> bool:
+    from ortserve.models.validate import has_gguf_magic
+
     try:
-        with path.open("rb") as f:
-            return f.read(4) == b"GGUF"
-    except OSError:
+        return has_gguf_magic(path)
+    except OSError:   # no such file, or a directory: not a GGUF
         return False
 
 

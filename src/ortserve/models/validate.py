@@ -84,6 +84,12 @@ class _Reader:
         raise self.fail(f"unknown value type {vtype} for {what}")
 
 
+def has_gguf_magic(path: Path) -> bool:
+    """Whether the file starts with GGUF's magic (OSError where it cannot be read)."""
+    with Path(path).open("rb") as f:
+        return f.read(4) == b"GGUF"
+
+
 def check_gguf(path: Path) -> dict[str, Any]:
     """Validate a GGUF file's header and tensor table against its size; return its facts."""
     path = Path(path)
