@@ -191,6 +191,9 @@ class EngineCore(Postprocess, Speculation, EngineThread):
                 return  # the rest in the next steps, between decode steps
             self.prefilling = None
             self.running.append(seq)
+            # The step's budget was planned before this sequence decoded; from now on a stream runs
+            # beside the rest of the prefill, so the time budget holds for what is left of the step.
+            budget = min(budget, self.scheduler.prefill_tokens_now())
             if seq.output_ids:  # resumed after preemption: its next token is already sampled
                 continue
             self._postprocess(seq, logits)
