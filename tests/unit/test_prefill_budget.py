@@ -60,3 +60,39 @@ def test_heap_tuning_applies_on_glibc_and_leaves_user_settings() -> None:
     env.update(MALLOC_ARENA_MAX="4", MALLOC_MMAP_THRESHOLD_="131072")  # the user's own: nothing to do
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_a_stream_that_starts_mid_step_holds_the_rest_of_the_step_to_the_budget() -> None:
+    """A short prompt finishes its prefill and starts decoding inside a step that was planned with
+    nobody decoding (whole chunks); a long prompt admitted later in the same step is cut to the time
+    budget, as in every later step (the race behind the flaky test_time_budgeted_prefill test)."""
+    class Seq:
+        def __init__(self, name: str, n: int) -> None:
+            self.id, self.row, self.cached, self.output_ids, self._ids = name, 0, 0, [], list(range(n))
+
+        def prefix(self) -> list[int]:
+            return self._ids
+
+    short, long = Seq("short", 15), Seq("long", 600)
+    queue = [short, long]
+    calls: list[tuple[str, int, int]] = []  # (sequence, tokens, sequences decoding)
+    core = SimpleNamespace(prefilling=None, running=[], prefill_seconds=0.0, prefill_tokens=0)
+    core._admit_next = lambda: queue.pop(0) if queue else None
+    core.check_fault = lambda *a: None
+    core._postprocess = lambda seq, logits: None
+    core.runner = SimpleNamespace(prefill=lambda row, ids, **kw: calls.append(
+        (current[0].id, len(ids), len(core.running))))
+    current: list[Seq] = []
+    admit = core._admit_next
+
+    def admit_and_track():
+        seq = admit()
+        current[:] = [seq] if seq else []
+        return seq
+    core._admit_next = admit_and_track
+    # the step was planned with nothing decoding: 256 tokens; once something decodes, 16
+    core.scheduler = SimpleNamespace(record_chunk=lambda *a: None,
+                                     prefill_tokens_now=lambda: 16 if core.running else 256)
+    EngineCore._prefill(core, 256)  # type: ignore[arg-type]
+    assert calls == [("short", 15, 0), ("long", 16, 1)]
+    assert long.cached == 16 and core.prefilling is long
