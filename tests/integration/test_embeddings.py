@@ -55,8 +55,8 @@ def test_token_arrays_match_text(client: openai.OpenAI, srv: ServerThread) -> No
     assert by_ids.usage.prompt_tokens == by_text.usage.prompt_tokens == len(ids) + 2
     two = client.embeddings.create(model="all-minilm-l6-v2", input=[ids, ids[:2]], encoding_format="float")
     assert len(two.data) == 2 and two.usage.prompt_tokens == len(ids) + 2 + 2 + 2
-    # int8 activations are quantized per batch, so batch mates move a vector slightly (docs/rag.md)
-    assert np.dot(two.data[0].embedding, by_text.data[0].embedding) > 0.98
+    # batch mates never move a vector (issue 45: the int8 variant runs one input per session run)
+    assert two.data[0].embedding == by_ids.data[0].embedding
 
 
 def _error(exc: pytest.ExceptionInfo) -> dict:

@@ -28,6 +28,10 @@ EMBED_CONFIG = "embed_config.json"
 # budget, from padding (a long input pads 31 short ones) and from activations outgrowing the cache.
 TOKEN_BUDGET = 384
 MAX_BATCH = 64
+# Dynamic quantization scales each MatMul's input by the min and max of the whole tensor, i.e.
+# over every row and pad position of the session run: a text's vector would depend on its batch
+# mates. Graphs with these ops run one input per session run (docs/robustness.md).
+BATCH_DEPENDENT_OPS = frozenset({"DynamicQuantizeLinear", "DynamicQuantizeMatMul"})
 
 
 @dataclass(frozen=True)
@@ -77,6 +81,8 @@ class Embedder:
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self.session = ort.InferenceSession(str(onnx_path), so, providers=["CPUExecutionProvider"])
         self.input_names = {i.name for i in self.session.get_inputs()}
+        # one input per run where the graph quantizes activations per tensor (batch invariance)
+        self.per_row = quantizes_per_batch(onnx_path)
         self._tokenizer_json = (self.model_dir / "tokenizer.json").read_text(encoding="utf-8")
         self._local = threading.local()
         prefix, suffix, pad = _specials(self.tokenizer)
@@ -139,7 +145,7 @@ class Embedder:
         if not seqs:
             raise InvalidRequest("'input' must not be empty", param="input")
         out = np.empty((len(seqs), self.dimensions), dtype=np.float32)
-        for idx in plan_batches([len(s) for s in seqs]):
+        for idx in plan_batches([len(s) for s in seqs], cap=1 if self.per_row else 0):
             out[idx] = self._run([seqs[i] for i in idx])
         return Embeddings(out, [len(s) for s in seqs])
 
@@ -155,6 +161,14 @@ class Embedder:
             feeds["token_type_ids"] = np.zeros_like(ids)
         hidden = self.session.run(None, feeds)[0]
         return pool(hidden, mask, self.config.pooling, self.config.normalize)
+
+
+def quantizes_per_batch(onnx_path: Path) -> bool:
+    """Whether the graph quantizes activations dynamically (one scale per tensor, so per batch)."""
+    import onnx
+
+    graph = onnx.load(str(onnx_path), load_external_data=False).graph
+    return any(n.op_type in BATCH_DEPENDENT_OPS for n in graph.node)
 
 
 def plan_batches(lengths: Sequence[int], budget: int = 0, cap: int = 0) -> list[list[int]]:
