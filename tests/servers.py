@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from pathlib import Path
@@ -35,7 +36,8 @@ class ServerThread:
         self.server.should_exit = True
         self.thread.join(30)
 
-    def wait_idle(self, timeout: float = 10.0) -> Any:
+    def wait_idle(self, timeout: float = 120.0) -> Any:
+        """The engine's stats once nothing runs or waits; ``timeout`` only guards against a hang."""
         deadline = time.monotonic() + timeout
         stats = self.state.engine.stats()
         while time.monotonic() < deadline:
@@ -46,3 +48,9 @@ class ServerThread:
         return stats
 
 
+
+    def reap(self) -> None:
+        """One keep_alive pass of the model manager on the server's own loop, now: a test that moved
+        the manager's clock (tests/clocks.py) reads the decision without waiting for the reaper."""
+        manager = self.state.manager
+        asyncio.run_coroutine_threadsafe(manager.reap_once(), manager._loop).result(120)

@@ -9,11 +9,11 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
+from tests.clocks import ManualClock, wait_until
 from tests.servers import ServerThread
 
 from ortserve.config import load_settings
@@ -68,15 +68,6 @@ def loaded(srv: ServerThread) -> list[str]:
     return [m["model"] for m in ps(srv)["models"] if m["state"] == "loaded"]
 
 
-def wait_for(cond, timeout: float = 10.0) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return False
-
-
 def test_two_store_models_served_by_one_server(home: Path, tiny_model: Path) -> None:
     with ServerThread(tiny_model, home=home) as srv:
         ra, rb, rt = chat(srv, A), chat(srv, "tiny-b"), chat(srv, "tiny")
@@ -101,14 +92,22 @@ def test_two_store_models_served_by_one_server(home: Path, tiny_model: Path) -> 
 
 
 def test_keep_alive_unloads_and_next_request_reloads(home: Path, tiny_model: Path) -> None:
-    with ServerThread(tiny_model, home=home, keep_alive=0.5) as srv:
+    # The manager's clock is moved by hand: what is tested is the decision keep_alive makes on
+    # the idle time it reads, however slowly a loaded machine answers between the steps.
+    with ServerThread(tiny_model, home=home, keep_alive=30) as srv:
+        clock = srv.state.manager.clock = ManualClock()
         assert chat(srv, A).status_code == 200
-        assert wait_for(lambda: A not in loaded(srv), 10)  # the server's keep_alive (0.5 s)
+        srv.reap()
+        row = next(m for m in ps(srv)["models"] if m["model"] == A)
+        assert A in loaded(srv) and row["idle_seconds"] == 0 and row["expires_in"] == 30
+        clock.advance(30)
+        assert wait_until(lambda: A not in loaded(srv))  # the reaper's next pass (every 0.1 s)
         assert chat(srv, A, keep_alive=0).status_code == 200  # reloads; 0 = unload right after
-        assert wait_for(lambda: A not in loaded(srv), 5)
+        assert wait_until(lambda: A not in loaded(srv))
         assert ps(srv)["loads_total"][A] == 2
         assert chat(srv, A, keep_alive=-1).status_code == 200  # -1: stays
-        time.sleep(1.0)
+        clock.advance(10**6)
+        srv.reap()
         assert A in loaded(srv) and ps(srv)["loads_total"][A] == 3
         assert "tiny" in loaded(srv)  # the pinned model never goes
         bad = chat(srv, A, keep_alive="soon")
@@ -150,7 +149,7 @@ def test_a_slow_load_gets_503_with_retry_after(home: Path, tiny_model: Path) -> 
         r = chat(srv, A)
         assert r.status_code == 503 and r.headers["Retry-After"] == "5"
         assert r.json()["error"]["code"] == "model_loading"
-        assert wait_for(lambda: A in loaded(srv), 30)
+        assert wait_until(lambda: A in loaded(srv))
         assert chat(srv, A).status_code == 200
         assert ps(srv)["loads_total"][A] == 1
 
@@ -193,9 +192,10 @@ def test_a_routing_rule_can_target_any_store_model(home: Path, tiny_model: Path,
 
 
 def test_embedding_models_share_the_manager(tiny_model: Path, embedding_model: Path, tmp_path: Path) -> None:
-    # keep_alive 5 s: long enough that the checks right after a request still see the model on a
-    # loaded machine; the reload is checked by its count, not by catching the model still loaded
-    with ServerThread(tiny_model, rag_dir=tmp_path / "rag", keep_alive=5.0) as srv:
+    # the manager's clock is moved by hand: the model stays loaded between the checks however
+    # slow the machine, and expires when the test says its keep_alive has passed
+    with ServerThread(tiny_model, rag_dir=tmp_path / "rag", keep_alive=30) as srv:
+        clock = srv.state.manager.clock = ManualClock()
         def embed() -> httpx.Response:
             return httpx.post(f"{srv.url}/v1/embeddings", json={"input": "hello"}, timeout=60)
 
@@ -207,7 +207,8 @@ def test_embedding_models_share_the_manager(tiny_model: Path, embedding_model: P
         r = httpx.post(f"{srv.url}/v1/admin/unload", json={"model": emb["model"]}, timeout=30)
         assert r.status_code == 200 and emb["model"] not in loaded(srv)
         assert embed().status_code == 200 and ps(srv)["loads_total"][emb["model"]] == 2  # reloaded on use
-        assert wait_for(lambda: emb["model"] not in loaded(srv), 30)  # keep_alive 5 s
+        clock.advance(30)
+        assert wait_until(lambda: emb["model"] not in loaded(srv))  # keep_alive 30 s, as the clock reads
         assert ps(srv)["loads_total"][emb["model"]] == 2
         r = httpx.post(f"{srv.url}/v1/admin/load", json={"model": emb["model"]}, timeout=60)
         assert r.status_code == 200 and r.json()["model"]["kind"] == "embedding"

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -105,7 +104,7 @@ async def adapter_engine(manager: Any, v: Any, keep_alive: Any) -> Any:
             await engine.add_adapter_async(lambda: load_adapter(v))
         except ModelError as exc:
             raise InvalidRequest(exc.message, param="model", code="model_not_supported") from None
-    manager.adapter_use.used(engine, v.model, parse_keep_alive(keep_alive))
+    manager.adapter_use.used(engine, v.model, parse_keep_alive(keep_alive), manager.clock())
     return engine.with_adapter(v.model, model_id=v.model, reload=lambda: load_adapter(v))
 
 
@@ -125,9 +124,10 @@ class AdapterKeeper:
     def __init__(self) -> None:
         self.uses: dict[tuple[int, str], _Use] = {}
 
-    def used(self, engine: Any, name: str, keep_alive: float | None) -> None:
-        use = self.uses.setdefault((id(engine), name), _Use(time.monotonic()))
-        use.last_used = time.monotonic()
+    def used(self, engine: Any, name: str, keep_alive: float | None, now: float) -> None:
+        """A request named adapter ``name`` at ``now`` (the manager's clock, as ``reap`` reads it)."""
+        use = self.uses.setdefault((id(engine), name), _Use(now))
+        use.last_used = now
         if keep_alive is not None:
             use.keep_alive = keep_alive
 

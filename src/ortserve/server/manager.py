@@ -10,6 +10,7 @@ larger than the whole budget gets 507 naming the numbers.
 
 It manages anything with ``async start()``, ``async stop()`` and ``stats()`` or ``busy()``: chat engines
 (LoRA adapters ride on their base's, server/adapters.py), embedding models (:meth:`register_kind`).
+Idle time is read from ``clock`` (monotonic seconds; tests set a manual one to expire keep_alive).
 """
 
 from __future__ import annotations
@@ -50,8 +51,10 @@ Loader = Callable[[Path, str], Any]          # (model dir, model id) -> an unsta
 
 class ModelManager:
     def __init__(self, settings: Any, *, budget_bytes: int | None = None,
-                 resolve: Callable[[str], tuple[Path, str]] | None = None) -> None:
+                 resolve: Callable[[str], tuple[Path, str]] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.settings = settings
+        self.clock = clock                          # what keep_alive and LRU idle time are read from
         self.budget = budget_bytes if budget_bytes is not None else default_budget(settings)
         self.slots: dict[str, Slot] = {}
         self.aliases: dict[str, str] = {}           # names a request used -> slot id
@@ -89,7 +92,7 @@ class ModelManager:
         """An already loaded (unstarted or started) object; the server's start model."""
         await obj.start()
         slot = Slot(id=model_id, kind=kind, dir=Path(model_dir), planned_bytes=self._estimate(kind, model_dir),
-                    pinned=pinned, obj=obj, loaded_at=time.time(), loads=1)
+                    pinned=pinned, obj=obj, loaded_at=time.time(), loads=1, last_used=self.clock())
         self._measure(slot)
         self.slots[model_id] = slot
         if pinned and kind == "chat" and self.default_id is None:
@@ -102,7 +105,7 @@ class ModelManager:
         if kind == "chat":
             self.default_id = model_id
         slot = Slot(id=model_id, kind=kind, dir=Path(model_dir), planned_bytes=self._estimate(kind, model_dir),
-                    pinned=True)
+                    pinned=True, last_used=self.clock())
         self.slots[model_id] = slot
         slot.task = asyncio.ensure_future(self._load(slot))
         return await asyncio.shield(slot.task)
@@ -122,7 +125,7 @@ class ModelManager:
             slot.keep_alive = ka
         obj = await self._ready(slot)
         slot.requests += 1
-        slot.last_used = time.monotonic()
+        slot.last_used = self.clock()
         return obj
 
     async def slot_for(self, name: str | None, *, kind: str = "chat") -> Slot:
@@ -138,7 +141,8 @@ class ModelManager:
         async with self._admit:
             slot = self.slots.get(sid2)
             if slot is None:
-                slot = Slot(id=sid2, kind=kind, dir=model_dir, planned_bytes=self._estimate(kind, model_dir))
+                slot = Slot(id=sid2, kind=kind, dir=model_dir, planned_bytes=self._estimate(kind, model_dir),
+                            last_used=self.clock())
                 await self._make_room(slot)
                 self.slots[sid2] = slot
                 slot.task = asyncio.ensure_future(self._load(slot))
@@ -220,7 +224,7 @@ class ModelManager:
         slot.rss_delta = max(0, rss_bytes() - before)
         slot.loads += 1
         self.loads_total[slot.id] = self.loads_total.get(slot.id, 0) + 1
-        slot.last_used = time.monotonic()
+        slot.last_used = self.clock()
         log.info("loaded %s (%s) in %.1f s, planned %.0f MB", slot.id, slot.kind, time.monotonic() - t0,
                  slot.planned_bytes / MB)
         self._changed()
@@ -247,7 +251,7 @@ class ModelManager:
         shows in ps and /metrics, counts against the budget, obeys keep_alive and can be evicted
         or unloaded (``close`` drops it). Over budget, idle unpinned models make room."""
         slot = Slot(id=model_id, kind=kind, dir=Path(model_dir), planned_bytes=int(nbytes),
-                    obj=External(close), loaded_at=time.time(), loads=1)
+                    obj=External(close), loaded_at=time.time(), loads=1, last_used=self.clock())
         self.slots[model_id] = slot
         self.loads_total[model_id] = self.loads_total.get(model_id, 0) + 1
         if self._loop is not None:
@@ -258,7 +262,7 @@ class ModelManager:
         slot = self.slots.get(model_id)
         if slot is not None:
             slot.requests += 1
-            slot.last_used = time.monotonic()
+            slot.last_used = self.clock()
 
     async def _fit(self, newcomer: Slot) -> None:
         while self.used_bytes() > self.budget:
@@ -288,7 +292,7 @@ class ModelManager:
             victim = self._lru_victim()
             if victim is not None:
                 log.info("evicting %s (idle %.0f s) to make room for %s", victim.id,
-                         time.monotonic() - victim.last_used, slot.id)
+                         self.clock() - victim.last_used, slot.id)
                 await self._unload(victim)
                 continue
             if time.monotonic() >= deadline:
@@ -332,7 +336,7 @@ class ModelManager:
         return slot.keep_alive if slot.keep_alive is not None else self.keep_alive_default
 
     async def reap_once(self) -> None:
-        now = time.monotonic()
+        now = self.clock()
         for slot in list(self.slots.values()):
             if slot.pinned or slot.obj is None:
                 continue

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 
@@ -13,7 +12,7 @@ def draft_of_engine(engine: Any) -> Any:
 
 def ps_rows(manager: Any) -> list[dict[str, Any]]:
     """One row per loaded (or loading) model: what `ortserve ps` and /v1/admin/ps show."""
-    now = time.monotonic()
+    now = manager.clock()
     rows = []
     for s in sorted(manager.slots.values(), key=lambda s: (not s.pinned, s.id)):
         ka = -1.0 if s.pinned else manager.keep_alive_of(s)
