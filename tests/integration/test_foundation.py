@@ -46,5 +46,6 @@ def test_second_run_reuses_the_stored_model(default_model: Path, monkeypatch: py
         monkeypatch.setattr(module, name, no_conversion)
     created = json.loads((default_model / "ortserve.json").read_text(encoding="utf-8"))["created"]
     path, model_id = resolve_model_dir(None, load_settings())
-    assert path == default_model and model_id == "smollm2-135m"
+    variant = json.loads((default_model / "ortserve.json").read_text(encoding="utf-8"))["variant"]
+    assert path == default_model and model_id == f"smollm2-135m:{variant}"
     assert json.loads((default_model / "ortserve.json").read_text(encoding="utf-8"))["created"] == created

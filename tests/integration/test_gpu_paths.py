@@ -25,7 +25,7 @@ def test_auto_on_a_cuda_machine_builds_the_gpu_variant_once(tiny_hf_dir: Path, t
                         lambda: {"cuda": True, "dml": False, "webgpu": False, "openvino": False, "cpu": True})
     messages: list[str] = []
     path, model = resolve_model_dir("tiny", settings, messages.append)
-    assert model == "tiny" and path.name == "tiny--fp16-cuda"
+    assert model == "tiny:fp16-cuda" and path.name == "tiny--fp16-cuda"
     assert any("building tiny fp16-cuda" in m for m in messages)
     cfg = json.loads((path / "genai_config.json").read_text(encoding="utf-8"))
     assert "cuda" in json.dumps(cfg["model"]["decoder"]["session_options"]).lower()

@@ -37,10 +37,10 @@ def test_serve_a_gguf_file_imports_it_once_then_serves_it(tmp_path: Path) -> Non
         url = f"http://127.0.0.1:{port}"
         assert wait_healthy(url, 300, proc), (tmp_path / "serve.log").read_text()
         client = OpenAI(base_url=f"{url}/v1", api_key="x")
-        assert "tiny-chat.q4_0" in [m.id for m in client.models.list().data]
+        assert "tiny-chat.q4_0:q4_0-cpu" in [m.id for m in client.models.list().data]
         r = client.chat.completions.create(model="tiny-chat.q4_0", max_tokens=6,
                                            messages=[{"role": "user", "content": "Hello"}])
-        assert r.model == "tiny-chat.q4_0" and r.usage.completion_tokens >= 1
+        assert r.model == "tiny-chat.q4_0:q4_0-cpu" and r.usage.completion_tokens >= 1  # names its variant
         assert r.choices[0].finish_reason in ("stop", "length")
     finally:
         proc.terminate()
@@ -55,7 +55,7 @@ def test_serve_a_gguf_file_imports_it_once_then_serves_it(tmp_path: Path) -> Non
     settings = load_settings(home=home)
     said_again: list[str] = []
     path, mid = resolve_model_dir(str(gguf_file), settings, said_again.append)   # served again: no import
-    assert (path, mid) == (v.path, "tiny-chat.q4_0") and not said_again
+    assert (path, mid) == (v.path, "tiny-chat.q4_0:q4_0-cpu") and not said_again
     assert store.find("tiny-chat.q4_0")[0].created == v.created
 
     os.utime(gguf_file, (v.created + 60, v.created + 60))    # the file changed after its import

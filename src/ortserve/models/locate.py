@@ -54,7 +54,7 @@ def resolve_model_dir(ref: str | None, settings: Any,
     res = select.resolve(store, ref, device)
     if device == "auto" and _wants_gpu_build(res, settings):
         res = _build_gpu_variant(store, ref, res, progress) or res
-    return res.path, res.variant.model if res.variant is not None else res.model_id
+    return res.path, res.model_id  # "model:variant": responses name the variant that served them
 
 
 def gguf_model_id(store: ModelStore, path: Path, progress: Callable[[str], None] | None = None) -> str:

@@ -74,7 +74,7 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> dict[str, Any]
                              "only (it is not trained to be shortened)", param="dimensions")
     seqs = embedder.fit(body.sequences(embedder), body.truncate)
     out = await asyncio.to_thread(embedder.embed_ids, seqs)
-    return {"object": "list", "model": variant.model,
+    return {"object": "list", "model": variant.id,  # the variant that served it: sent back, it selects the same
             "data": [{"object": "embedding", "index": i, "embedding": encode(v, body.encoding_format)}
                      for i, v in enumerate(out.vectors)],
             "usage": {"prompt_tokens": out.prompt_tokens, "total_tokens": out.prompt_tokens}}
