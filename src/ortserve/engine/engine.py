@@ -227,12 +227,13 @@ class AsyncEngine(AdapterHost):
     # ---- requests ---------------------------------------------------------
     def prepare(self, *, prompt: str | None = None, messages: list[dict[str, Any]] | None = None,
                 params: SamplingParams | None = None, tools: list[Tool] | None = None,
-                thinking: bool | None = None) -> tuple[list[int], SamplingParams]:
+                thinking: bool | None = None, prompt_ids: list[int] | None = None) -> tuple[list[int], SamplingParams]:
         """Tokenize and check a request against the context window before it is queued."""
         params = params or SamplingParams()
-        if messages is not None:
-            ids = self.codec.encode(self.codec.render_chat(messages, tools=tools, thinking=thinking),
-                                    add_special_tokens=False)
+        if prompt_ids is not None:  # built by the caller (a FIM prompt, engine/fim.py)
+            ids = list(prompt_ids)
+        elif messages is not None:
+            ids = self.codec.chat_ids(messages, tools=tools, thinking=thinking)
         elif isinstance(prompt, str):
             ids = self.codec.encode(prompt)
         else:
@@ -266,7 +267,8 @@ class AsyncEngine(AdapterHost):
 
     def submit(self, *, prompt: str | None = None, messages: list[dict[str, Any]] | None = None,
                params: SamplingParams | None = None, request_id: str | None = None,
-               tools: list[Tool] | None = None, adapter: str = "", thinking: bool | None = None) -> RequestHandle:
+               tools: list[Tool] | None = None, adapter: str = "", thinking: bool | None = None,
+               prompt_ids: list[int] | None = None) -> RequestHandle:
         if adapter and adapter not in self.adapter_names:
             raise InvalidRequest(f"adapter {adapter!r} is not loaded on {self.model_id}", param="model",
                                  code="model_not_found")
@@ -274,7 +276,8 @@ class AsyncEngine(AdapterHost):
         if problem is not None:
             raise Unavailable(f"the engine cannot take requests now: {problem}",
                               retry_after=int(self.watchdog.backoff()) + 1, code="engine_unavailable")
-        ids, params = self.prepare(prompt=prompt, messages=messages, params=params, tools=tools, thinking=thinking)
+        ids, params = self.prepare(prompt=prompt, messages=messages, params=params, tools=tools, thinking=thinking,
+                                   prompt_ids=prompt_ids)
         if len(self.core.waiting) >= self.max_queue:
             raise Overloaded(f"the queue is full ({self.max_queue} requests waiting); retry shortly")
         guide = self.guide_for(params)

@@ -8,6 +8,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from ortserve.engine.fim import FimTokens, find_fim
 from ortserve.engine.formats import FALLBACK, Tool, ToolFormat, choose
 from ortserve.engine.reasoning import MISTRAL, left_open, markers_of
 from ortserve.errors import InvalidRequest, ModelError
@@ -57,10 +58,35 @@ class TextCodec:
         self._dropped = set(specials.values()) - kept if kept else None
         self._opens: dict[bool | None, bool] = {}  # answer_starts_thinking, per ``thinking``
         self.tool_format_source = source
+        fim_ids = cfg.get("fim_token_ids")  # a GGUF's tokenizer.ggml.fim_*_token_id, kept at import
+        self.fim: FimTokens | None = find_fim(self.token_id, fim_ids if isinstance(fim_ids, dict) else None)
+        self._plain: Any = None  # a copy that reads special-token text as text (text_ids)
         log.info("%s: tool calls in the %s syntax (from its %s)", model_dir.name, fmt.name, source)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
+
+    def text_ids(self, text: str, add_special: bool = False) -> list[int]:
+        """``text`` as plain text: a special token's text typed in it stays text (llama.cpp's
+        ``parse_special=false``; the FIM prompt's user parts); ``add_special`` adds what the
+        tokenizer adds around a text (a BOS)."""
+        if self._plain is None:
+            from tokenizers import Tokenizer
+
+            plain = Tokenizer.from_str(self.tokenizer.to_str())
+            plain.encode_special_tokens = True
+            self._plain = plain
+        return list(self._plain.encode(text, add_special_tokens=add_special).ids)
+
+    def chat_ids(self, messages: list[dict[str, Any]], tools: list[Tool] | None = None,
+                 thinking: bool | None = None) -> list[int]:
+        """The token ids of a conversation's rendered prompt: what every chat API submits and every
+        token count (/tokenize's ``messages``, count_tokens, /v1/responses/input_tokens) counts."""
+        return self.encode(self.render_chat(messages, tools=tools, thinking=thinking), add_special_tokens=False)
+
+    def piece(self, token: int) -> str:
+        """One token's text as it decodes alone (special tokens included)."""
+        return str(self.tokenizer.decode([token], skip_special_tokens=False))
 
     def decode(self, ids: list[int]) -> str:
         if self._dropped:  # every special token but the reasoning markers

@@ -34,11 +34,13 @@ from ortserve.server.api import admin as routes_admin
 from ortserve.server.api import anthropic_messages as routes_messages
 from ortserve.server.api import embeddings as routes_embeddings
 from ortserve.server.api import files as routes_files
+from ortserve.server.api import infill as routes_infill
 from ortserve.server.api import models as routes_models
 from ortserve.server.api import openai_chat as routes_openai
 from ortserve.server.api import openai_completions as routes_completions
 from ortserve.server.api import openai_responses as routes_responses
 from ortserve.server.api import seed as routes_seed
+from ortserve.server.api import tokenize as routes_tokenize
 from ortserve.server.api import ui as routes_ui
 from ortserve.server.api import vector_stores as routes_vector_stores
 from ortserve.server.manager import ModelManager
@@ -136,6 +138,8 @@ def create_app(settings: Settings, *, engine: AsyncEngine | None = None, model_d
     app.include_router(routes_embeddings.router)
     app.include_router(routes_files.router)
     app.include_router(routes_vector_stores.router)
+    app.include_router(routes_tokenize.router)
+    app.include_router(routes_infill.router)
     if settings.ui:
         app.include_router(routes_ui.router)
 

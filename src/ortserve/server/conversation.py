@@ -150,6 +150,29 @@ def _renamed(err: InvalidRequest, names: dict[str, str]) -> InvalidRequest:
     return err
 
 
+def prompt_plan(engine: AsyncEngine, turn: ChatTurn) -> tuple[ToolPlan | None, Any, bool | None, bool]:
+    """The turn's tool plan, output constraint, thinking switch, and whether its answer is free text."""
+    plan = plan_tools(turn)
+    plan = plan.for_engine(engine) if plan is not None else None
+    output = response_constraint(turn.response_format)
+    # a thinking model reasons where its answer is free text (or prose before calls); under a
+    # stricter grammar it answers directly, since the grammar has no room for reasoning
+    calls = plan is not None and plan.calls_possible
+    free = (output is None and not calls) or bool(calls and plan.mode == "auto" and plan.fmt.lead_prose)
+    return plan, output, turn.thinking if free else False, free
+
+
+async def count_prompt(st: ServerState, turn: ChatTurn) -> int:
+    """The prompt tokens the turn would submit (its usage's prompt_tokens), without running it: the
+    one count behind count_tokens, /v1/responses/input_tokens and /tokenize's ``messages``."""
+    engine = await st.engine_for(turn.model, turn.keep_alive)
+    try:
+        plan, _, thinking, _ = prompt_plan(engine, turn)
+    except InvalidRequest as err:
+        raise _renamed(err, turn.names) from None
+    return len(engine.codec.chat_ids(turn.messages, tools=plan.prompt_tools() if plan else None, thinking=thinking))
+
+
 class Conversation:
     """One request running on a local engine: its choices' handles, its tool plan and its events."""
 
@@ -193,14 +216,7 @@ class Conversation:
             if turn.max_tokens_is_ceiling:
                 params = replace(params, fit_context=True)
             headers = sampling.sampling_headers(params, defaults)
-            plan = plan_tools(turn)
-            plan = plan.for_engine(engine) if plan is not None else None
-            output = response_constraint(turn.response_format)
-            # a thinking model reasons where its answer is free text (or prose before calls); under a
-            # stricter grammar it answers directly, since the grammar has no room for reasoning
-            calls = plan is not None and plan.calls_possible
-            free = (output is None and not calls) or bool(calls and plan.mode == "auto" and plan.fmt.lead_prose)
-            thinking = turn.thinking if free else False
+            plan, output, thinking, free = prompt_plan(engine, turn)
             params = constrain(engine, params, output, plan, thinking)
         except InvalidRequest as err:
             raise _renamed(err, turn.names) from None

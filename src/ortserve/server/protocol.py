@@ -329,17 +329,10 @@ class CompletionRequest(_Sampling):
     best_of: int | None = None
     echo: bool = False
     logprobs: int | None = Field(None, ge=0, le=5)
-    suffix: str | None = None
+    suffix: str | None = None  # fill-in-the-middle: the code after the gap (server/fim.py, docs/tokenize_fim.md)
     max_tokens: int | None = 16  # OpenAI's default for completions
     response_format: dict[str, Any] | None = None
     IGNORED: ClassVar[frozenset[str]] = OPENAI_IGNORED
-
-    @field_validator("suffix")
-    @classmethod
-    def _unsupported(cls, v: Any) -> Any:
-        if v:
-            raise ValueError("not supported by ortserve")
-        return v
 
     @model_validator(mode="after")
     def _best_of_is_n(self) -> CompletionRequest:

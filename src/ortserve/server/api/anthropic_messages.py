@@ -28,6 +28,7 @@ from ortserve.server.conversation import (
     ReasoningDelta,
     TextDelta,
     Usage,
+    count_prompt,
     error_of,
 )
 from ortserve.server.protocol import _Contract
@@ -303,11 +304,9 @@ async def count_tokens(body: CountRequest, request: Request) -> Any:
     st = state_of(request)
     st.ready_engine()
     _check(st, body)
-    engine = await st.engine_for(body.model)
-    from ortserve.engine.tools import parse_tools
-
-    tools = parse_tools(tools_of(body.tools)) if body.tools else None
-    choice, _ = choice_of(body.tool_choice)
-    ids, _ = engine.prepare(messages=messages_of(body), tools=tools if choice != "none" else None,
-                            thinking=thinking_of(body))
-    return {"input_tokens": len(ids)}
+    choice, parallel = choice_of(body.tool_choice)
+    tools = tools_of(body.tools)
+    turn = ChatTurn(messages=messages_of(body), model=body.model, tools=tools,
+                    tool_choice=choice if tools is not None else None, parallel_tool_calls=parallel,
+                    thinking=thinking_of(body), thinking_param="thinking.type" if body.thinking else None)
+    return {"input_tokens": await count_prompt(st, turn)}  # the same count as a message's usage

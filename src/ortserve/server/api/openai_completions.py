@@ -1,4 +1,5 @@
-"""OpenAI's legacy text completions: POST /v1/completions (prompts in, text out; no chat template)."""
+"""OpenAI's legacy text completions: POST /v1/completions (prompts in, text out; no chat template;
+with ``suffix``, fill-in-the-middle in the model's FIM tokens)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from fastapi.responses import JSONResponse
 from ortserve.engine import RequestHandle
 from ortserve.models.sampling import defaults_for
 from ortserve.providers.structured import completion_logprobs, constrain, response_constraint
+from ortserve.server.fim import fim_prompt
 from ortserve.server.protocol import CompletionRequest
 from ortserve.server.service import collect, engine_error, submit_n, usage
 from ortserve.server.sse import SSE_HEADERS, EventStream, merge, sse, unless_disconnected
@@ -42,7 +44,13 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
     handles: list[RequestHandle] = []
     try:
         for p in prompts:
-            handles += submit_n(engine, body.n, params, prompt=p)
+            # fill in the middle, in the model's FIM tokens (server/fim.py); an empty suffix on a model
+            # without them is a plain completion (the end of a file)
+            if body.suffix or (body.suffix is not None and engine.codec.fim is not None):
+                ids = fim_prompt(engine, p, body.suffix, field="suffix", repo_header=False)
+                handles += submit_n(engine, body.n, params, prompt_ids=ids)
+            else:
+                handles += submit_n(engine, body.n, params, prompt=p)
     except Exception:
         for h in handles:
             engine.core.abort(h.id)
