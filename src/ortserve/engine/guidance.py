@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, replace
@@ -24,7 +25,9 @@ from typing import Any
 import numpy as np
 
 from ortserve.engine.jsonlark import JSON_STYLE
-from ortserve.errors import InvalidRequest
+from ortserve.errors import InvalidRequest, ModelError
+
+log = logging.getLogger(__name__)
 
 KINDS = ("json_schema", "regex", "grammar")
 
@@ -76,6 +79,7 @@ class Guidance:
     def __init__(self, tokenizer_json: Path, vocab_size: int, eos_ids: tuple[int, ...],
                  cache_size: int = 256) -> None:
         self._path = tokenizer_json
+        self._json = fit_vocabulary(tokenizer_json, vocab_size)   # a clear error at load, never a 500 later
         self.vocab_size = vocab_size
         self.eos_ids = eos_ids
         self._lock = threading.Lock()
@@ -93,8 +97,12 @@ class Guidance:
             if self._tok is None:
                 import llguidance
 
-                self._tok = llguidance.LLTokenizer(self._path.read_text(encoding="utf-8"),
-                                                   n_vocab=self.vocab_size, eos_token=list(self.eos_ids))
+                try:
+                    self._tok = llguidance.LLTokenizer(self._json, n_vocab=self.vocab_size,
+                                                       eos_token=list(self.eos_ids))
+                except ValueError as exc:   # not a request's fault: the model's files disagree
+                    raise ModelError(f"{self._path}: llguidance cannot use this tokenizer: {exc}",
+                                     hint="re-import the model (ortserve models import)") from exc
                 self._executor = llguidance.LLExecutor()
             return self._tok
 
@@ -186,6 +194,29 @@ class Guide:
     def finish_reason(self) -> str:
         """Why a stopped guide stopped: "length" when the JSON was closed early for the budget."""
         return self.policy.finish_reason if self.policy is not None else "stop"
+
+
+def fit_vocabulary(tokenizer_json: Path, vocab_size: int) -> str:
+    """tokenizer.json's text with no id at or past ``vocab_size`` (the model's logit rows), so
+    llguidance, the sampler and the detokenizer agree on one size. Added tokens past the rows
+    (an older GGUF import's invented ``<|endoftext|>``, issue 46) are dropped, with a warning:
+    the model can never produce them. A model vocabulary past the rows is refused here, at load."""
+    text = tokenizer_json.read_text(encoding="utf-8")
+    tok = json.loads(text)
+    vocab = (tok.get("model") or {}).get("vocab")
+    ids = vocab.values() if isinstance(vocab, dict) else range(len(vocab or ()))
+    top = max(ids, default=-1)
+    if top >= vocab_size:
+        raise ModelError(f"{tokenizer_json}: the tokenizer has token id {top} but the model has "
+                         f"{vocab_size} vocabulary rows", hint="the model's tokenizer and weights disagree")
+    extra = [a for a in tok.get("added_tokens") or [] if int(a["id"]) >= vocab_size]
+    if not extra:
+        return text
+    log.warning("%s names %d added token(s) past the model's %d rows (%s): masked, as the model cannot "
+                "produce them; re-import the model to drop them", tokenizer_json, len(extra), vocab_size,
+                ", ".join(a["content"] for a in extra[:4]))
+    tok["added_tokens"] = [a for a in tok["added_tokens"] if int(a["id"]) < vocab_size]
+    return json.dumps(tok)
 
 
 def allocate_masks(rows: int, vocab_size: int) -> np.ndarray:

@@ -28,6 +28,7 @@ from ortserve.models.gguf_graph import STREAM_ARCHITECTURES, Spec
 from ortserve.models.gguf_reader import GGUFWeights, _field, count_types, preflight
 from ortserve.models.gguf_rope import scales_rope
 from ortserve.models.gguf_stream import DataFile
+from ortserve.models.gguf_vocab import fit_tokenizer
 from ortserve.models.quality import release_freed_memory
 
 Progress = Callable[[str], None]
@@ -100,8 +101,9 @@ def genai_config(spec: Spec, weights: GGUFWeights) -> dict[str, Any]:
                    "temperature": 1.0, "top_k": 50, "top_p": 1.0}}
 
 
-def write_tokenizer(gguf_path: Path, out_dir: Path) -> None:
-    """tokenizer.json, its config and the chat template, from the GGUF's metadata only."""
+def write_tokenizer(gguf_path: Path, out_dir: Path, rows: int) -> None:
+    """tokenizer.json, its config and the chat template, from the GGUF's metadata only, naming
+    no id at or past the model's ``rows`` (gguf_vocab.fit_tokenizer)."""
     import os
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -112,6 +114,7 @@ def write_tokenizer(gguf_path: Path, out_dir: Path) -> None:
     except (ValueError, KeyError, OSError) as exc:
         raise ModelError(f"cannot read the tokenizer of {gguf_path.name}: {exc}".splitlines()[0]) from exc
     tok.save_pretrained(str(out_dir))
+    fit_tokenizer(out_dir, rows)
 
 
 def smoke_logits(model_dir: Path, spec: Spec, n_tokens: int = 8) -> float:
@@ -154,7 +157,7 @@ def import_gguf_streamed(gguf_path: Path, out_dir: Path, *, progress: Progress |
     gc.collect()
     release_freed_memory()
     t_graph = time.monotonic() - t0
-    write_tokenizer(gguf_path, out_dir)
+    write_tokenizer(gguf_path, out_dir, spec.vocab)
     (out_dir / "genai_config.json").write_text(json.dumps(config, indent=4), encoding="utf-8")
     release_freed_memory()   # the tokenizer's conversion leaves its freed heap behind too
     peak = smoke_logits(out_dir, spec) if smoke else None

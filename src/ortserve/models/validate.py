@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ortserve.errors import DependencyMissing, ModelError
+from ortserve.models.gguf_vocab import check_rows
 
 # GGUF architectures that transformers can dequantize AND the builder can export.
 GGUF_ARCHITECTURES = {
@@ -124,12 +125,14 @@ def check_gguf(path: Path) -> dict[str, Any]:
         if align <= 0 or align & (align - 1):
             raise r.fail(f"alignment {align} is not a power of two")
         data_start = (r.pos + align - 1) // align * align
-        for name, ggml_type, n_bytes, offset in tensors:
+        for name, ggml_type, n_bytes, offset, _dims in tensors:
             if offset % align:
                 raise r.fail(f"tensor {name} offset {offset} is not aligned to {align}")
             if data_start + offset + n_bytes > size:
                 raise r.fail(f"tensor {name} needs bytes up to {data_start + offset + n_bytes}, "
                              f"file has {size}")
+    # the declared token count against the embedding/output rows, as llama.cpp's loader checks it
+    vocab = check_rows(path.name, meta, {t[0]: t[4][1] for t in tensors if len(t[4]) == 2})
     arch = str(meta.get("general.architecture", ""))
     if arch not in GGUF_ARCHITECTURES:
         raise ModelError(f"{path.name}: unsupported architecture {arch or '(none)'!r}",
@@ -137,10 +140,10 @@ def check_gguf(path: Path) -> dict[str, Any]:
     return {"architecture": GGUF_ARCHITECTURES[arch], "gguf_architecture": arch,
             "name": str(meta.get("general.name", "")), "tensors": len(tensors),
             "context_length": int(meta.get(f"{arch}.context_length", 0) or 0),
-            "add_bos": bool(meta.get("tokenizer.ggml.add_bos_token", False))}
+            "add_bos": bool(meta.get("tokenizer.ggml.add_bos_token", False)), "vocab_size": vocab}
 
 
-def _tensor_info(r: _Reader) -> tuple[str, int, int, int]:
+def _tensor_info(r: _Reader) -> tuple[str, int, int, int, list[int]]:
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
     name = r.string("tensor name")
@@ -159,7 +162,7 @@ def _tensor_info(r: _Reader) -> tuple[str, int, int, int]:
         count *= d
     if dims[0] % block:
         raise r.fail(f"tensor {name} row of {dims[0]} is not a multiple of its block size {block}")
-    return name, ggml_type, count // block * type_size, offset
+    return name, ggml_type, count // block * type_size, offset, dims
 
 
 # ---- Hugging Face directories -------------------------------------------------
