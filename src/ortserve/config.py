@@ -150,6 +150,9 @@ class Settings(BaseSettings):
                                 description="Files waiting to be embedded into vector stores (429 above)")
     rag_allow_cloud: bool = Field(False, validation_alias=_env("ORTSERVE_RAG_ALLOW_CLOUD"),
                                   description="Let requests that search a vector store be routed to cloud providers")
+    rag_reranker: str | None = Field(None, validation_alias=_env("ORTSERVE_RAG_RERANKER"),
+                                     description="Reranker that reorders file_search hits before the answer: a "
+                                                 "reranker or chat model id (docs/rerank.md); unset = fused ranking")
     # sampling defaults: what a request's unset fields become (docs/api-fields.md)
     default_temperature: float = Field(0.8, ge=0, le=2, validation_alias=_env("ORTSERVE_DEFAULT_TEMPERATURE"),
                                        description="temperature when a request and the model give none")

@@ -265,9 +265,11 @@ def import_path(store: ModelStore, path: Path, *, model_id: str | None = None,
                            options=options, progress=progress, speed=speed)
     if not path.is_dir():
         raise ModelError(f"{path} does not exist", hint="check the path")
-    from ortserve.models import embed_import
+    from ortserve.models import embed_import, rerank_import
 
     has_weights = any(path.glob("*.safetensors")) or any(path.glob("pytorch_model*.bin"))
+    if rerank_import.is_cross_encoder_dir(path) and has_weights:   # a *ForSequenceClassification reranker
+        return rerank_import.import_cross_encoder(store, path, mid or model_id_from_path(path), progress=progress)
     if embed_import.is_sentence_transformers_dir(path) and has_weights:
         return embed_import.choose_embedding(embed_import.import_sentence_transformers(
             store, path, mid or model_id_from_path(path), progress=progress))

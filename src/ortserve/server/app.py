@@ -39,6 +39,7 @@ from ortserve.server.api import models as routes_models
 from ortserve.server.api import openai_chat as routes_openai
 from ortserve.server.api import openai_completions as routes_completions
 from ortserve.server.api import openai_responses as routes_responses
+from ortserve.server.api import rerank as routes_rerank
 from ortserve.server.api import seed as routes_seed
 from ortserve.server.api import tokenize as routes_tokenize
 from ortserve.server.api import ui as routes_ui
@@ -56,6 +57,8 @@ KNOWN_ROUTES = {"/healthz", "/metrics", "/v1/chat", "/v1/chat/stream", "/v1/chat
 
 def error_body(err: OrtServeError, path: str = "") -> dict[str, Any]:
     """The error in the shape of the API the path belongs to: Anthropic's on /v1/messages, else OpenAI's."""
+    if path in routes_rerank.PATHS:  # Cohere's shape, with the OpenAI error object beside it
+        return routes_rerank.rerank_error(err)
     return routes_messages.anthropic_error(err) if routes_messages.is_messages_path(path) else err.to_openai()
 
 
@@ -133,6 +136,7 @@ def create_app(settings: Settings, *, engine: AsyncEngine | None = None, model_d
     app.include_router(routes_openai.router)
     app.include_router(routes_completions.router)
     app.include_router(routes_responses.router)
+    app.include_router(routes_rerank.router)
     app.include_router(routes_messages.router)
     app.include_router(routes_admin.router)
     app.include_router(routes_embeddings.router)

@@ -20,6 +20,7 @@ from ortserve.errors import InvalidRequest
 from ortserve.rag.answer import citations, last_user_text, with_context
 from ortserve.server.protocol import Message
 from ortserve.server.rag_access import locked, rag_of
+from ortserve.server.reranking import RERANK_POOL, rerank_hits
 
 
 async def apply_file_search(body: Any, request: Request) -> list[dict[str, Any]]:
@@ -34,10 +35,14 @@ async def apply_file_search(body: Any, request: Request) -> list[dict[str, Any]]
     hits: list[dict[str, Any]] = []
     for vid in fs.vector_store_ids:
         await locked(rag.vector_store, vid)   # 404 naming the id before any work
+    reranker = st.settings.rag_reranker       # a larger pool per store, reordered by the reranker
+    k = max(fs.max_num_results, RERANK_POOL // len(fs.vector_store_ids)) if reranker else fs.max_num_results
     for vid in fs.vector_store_ids:
-        hits += await locked(rag.search, vid, query, k=fs.max_num_results, filters=fs.filters,
-                             mode=fs.search_mode)
-    hits = sorted(hits, key=lambda h: -h["score"])[:fs.max_num_results]
+        hits += await locked(rag.search, vid, query, k=k, filters=fs.filters, mode=fs.search_mode)
+    if reranker:
+        hits = await rerank_hits(st, reranker, query, hits, fs.max_num_results, param="file_search")
+    else:
+        hits = sorted(hits, key=lambda h: -h["score"])[:fs.max_num_results]
     body.messages = [Message(**m) for m in with_context(messages, hits)]
     if not st.settings.rag_allow_cloud:
         body.metadata = {**(body.metadata or {}), "privacy": "high"}

@@ -26,6 +26,7 @@ class ServerState:
     telemetry: Any = None
     manager: ModelManager | None = None
     embedder: Any = None       # server/embed_holder.EmbeddingHolder (issue 16), until the manager adopts it
+    rerankers: Any = None      # server/reranking.RerankerHolder: cross-encoders, opened on first use
     responses: Any = None      # server/responses_store.ResponseStore: stored Responses API answers, opened lazily
     rag: Any = None            # rag/index.RagStore: files and vector stores (issue 16)
 

@@ -18,11 +18,13 @@ from ortserve.errors import InvalidRequest
 from ortserve.rag.ingest import DEFAULT_CHUNK_TOKENS, DEFAULT_OVERLAP_TOKENS
 from ortserve.server.pagination import page
 from ortserve.server.rag_access import locked, rag_of
+from ortserve.server.reranking import RERANK_POOL, rerank_hits
 from ortserve.server.state import state_of
 
 router = APIRouter()
 POLL_AFTER_MS = 200
 STATUSES = ("in_progress", "completed", "failed", "cancelled")
+FUSED_RANKERS = ("auto", "default-2024-11-15", "none")
 
 
 class StaticChunking(BaseModel):
@@ -93,8 +95,14 @@ class CreateBatch(BaseModel):
 
 class RankingOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    ranker: Literal["auto", "default-2024-11-15", "none"] = "auto"
+    # OpenAI's values keep the fused ranking; any other value names a reranker (a cross-encoder
+    # from the store, or a chat model as a yes/no judge: docs/rerank.md) that reorders the hits
+    ranker: str = Field("auto", min_length=1)
     score_threshold: float = Field(0.0, ge=0.0, le=1.0)
+
+    @property
+    def reranker(self) -> str | None:
+        return None if self.ranker in FUSED_RANKERS else self.ranker
 
 
 class Search(BaseModel):
@@ -224,8 +232,13 @@ async def search(vs_id: str, body: Search, request: Request) -> dict[str, Any]:
     rag = rag_of(request)
     q = body.text()
     ro = body.ranking_options or RankingOptions()
-    # there is no re-ranker to switch off: every ranker value means the fused ranking below
-    data = await locked(rag.search, vs_id, q, k=body.max_num_results, filters=body.filters, mode=body.search_mode,
-                        score_threshold=ro.score_threshold)
+    if ro.reranker is None:   # OpenAI's rankers: the fused (hybrid) ranking as it is
+        data = await locked(rag.search, vs_id, q, k=body.max_num_results, filters=body.filters,
+                            mode=body.search_mode, score_threshold=ro.score_threshold)
+    else:                     # a reranker reorders a larger pool; the threshold applies to its scores
+        pool = await locked(rag.search, vs_id, q, k=max(body.max_num_results, RERANK_POOL), filters=body.filters,
+                            mode=body.search_mode)
+        data = await rerank_hits(state_of(request), ro.reranker, q, pool, body.max_num_results,
+                                 ro.score_threshold, param="ranking_options.ranker")
     return {"object": "vector_store.search_results.page", "search_query": q, "data": data,
             "has_more": False, "next_page": None}
