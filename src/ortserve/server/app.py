@@ -36,6 +36,9 @@ from ortserve.server.api import embeddings as routes_embeddings
 from ortserve.server.api import files as routes_files
 from ortserve.server.api import infill as routes_infill
 from ortserve.server.api import models as routes_models
+from ortserve.server.api import ollama as routes_ollama
+from ortserve.server.api import ollama_models as routes_ollama_models
+from ortserve.server.api import ollama_wire
 from ortserve.server.api import openai_chat as routes_openai
 from ortserve.server.api import openai_completions as routes_completions
 from ortserve.server.api import openai_responses as routes_responses
@@ -52,11 +55,14 @@ from ortserve.telemetry import Telemetry, TelemetryMiddleware, span_of
 log = logging.getLogger("ortserve.server")
 KNOWN_ROUTES = {"/healthz", "/metrics", "/v1/chat", "/v1/chat/stream", "/v1/chat/completions",
                 "/v1/completions", "/v1/responses", "/v1/messages", "/v1/models", "/v1/admin/ps", "/v1/admin/load", "/v1/admin/unload",
-                "/v1/embeddings", "/v1/files", "/v1/vector_stores"}
+                "/v1/embeddings", "/v1/files", "/v1/vector_stores", "/api/chat", "/api/generate", "/api/embed"}
 
 
 def error_body(err: OrtServeError, path: str = "") -> dict[str, Any]:
-    """The error in the shape of the API the path belongs to: Anthropic's on /v1/messages, else OpenAI's."""
+    """The error in the shape of the API the path belongs to: Anthropic's on /v1/messages, Ollama's on
+    /api/*, else OpenAI's."""
+    if ollama_wire.is_ollama_path(path):
+        return ollama_wire.ollama_error(err)
     if path in routes_rerank.PATHS:  # Cohere's shape, with the OpenAI error object beside it
         return routes_rerank.rerank_error(err)
     return routes_messages.anthropic_error(err) if routes_messages.is_messages_path(path) else err.to_openai()
@@ -142,6 +148,8 @@ def create_app(settings: Settings, *, engine: AsyncEngine | None = None, model_d
     app.include_router(routes_embeddings.router)
     app.include_router(routes_files.router)
     app.include_router(routes_vector_stores.router)
+    app.include_router(routes_ollama.router)
+    app.include_router(routes_ollama_models.router)
     app.include_router(routes_tokenize.router)
     app.include_router(routes_infill.router)
     if settings.ui:

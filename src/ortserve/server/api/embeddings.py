@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+from collections.abc import Callable
 from typing import Any, Literal
 
 import numpy as np
@@ -11,7 +12,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ortserve.errors import InvalidRequest
-from ortserve.server.state import state_of
+from ortserve.server.state import ServerState, state_of
 
 router = APIRouter()
 MAX_INPUTS = 2048
@@ -62,18 +63,24 @@ def encode(vec: np.ndarray, fmt: str) -> Any:
     return vec.tolist()
 
 
+async def embed_inputs(st: ServerState, model: str | None, sequences: Callable[[Any], list[list[int]]],
+                       dimensions: int | None, truncate: bool) -> tuple[Any, Any]:
+    """The shared work of every embeddings route: the model (a chat model's name is a 400), the
+    dimensions check, ``sequences(embedder)`` fitted to its context, embedded off the event loop."""
+    if st.engine is not None and model == st.engine.model_id:
+        raise InvalidRequest(f"'{model}' is the chat model this server serves, not an embedding model; "
+                             f"use e.g. '{st.embedder.default}'", param="model", code="wrong_model_kind")
+    variant, embedder = await st.embedder.aget(model)
+    if dimensions is not None and dimensions != embedder.dimensions:
+        raise InvalidRequest(f"'dimensions' is {dimensions}; {variant.model} gives {embedder.dimensions} "
+                             "only (it is not trained to be shortened)", param="dimensions")
+    seqs = embedder.fit(sequences(embedder), truncate)
+    return variant, await asyncio.to_thread(embedder.embed_ids, seqs)
+
+
 @router.post("/v1/embeddings")
 async def embeddings(body: EmbeddingRequest, request: Request) -> dict[str, Any]:
-    st = state_of(request)
-    if st.engine is not None and body.model == st.engine.model_id:
-        raise InvalidRequest(f"'{body.model}' is the chat model this server serves, not an embedding model; "
-                             f"use e.g. '{st.embedder.default}'", param="model", code="wrong_model_kind")
-    variant, embedder = await st.embedder.aget(body.model)
-    if body.dimensions is not None and body.dimensions != embedder.dimensions:
-        raise InvalidRequest(f"'dimensions' is {body.dimensions}; {variant.model} gives {embedder.dimensions} "
-                             "only (it is not trained to be shortened)", param="dimensions")
-    seqs = embedder.fit(body.sequences(embedder), body.truncate)
-    out = await asyncio.to_thread(embedder.embed_ids, seqs)
+    variant, out = await embed_inputs(state_of(request), body.model, body.sequences, body.dimensions, body.truncate)
     return {"object": "list", "model": variant.id,  # the variant that served it: sent back, it selects the same
             "data": [{"object": "embedding", "index": i, "embedding": encode(v, body.encoding_format)}
                      for i, v in enumerate(out.vectors)],
