@@ -64,6 +64,18 @@ def test_streamed_chat(client: ollama.Client) -> None:
     assert gen[-1].done and "".join(p.response for p in gen).strip()
 
 
+def test_raw_prompt_skips_the_chat_template(client: ollama.Client) -> None:
+    templated = client.generate(model=NAME, prompt="Hi", options={"num_predict": 1})
+    raw = client.generate(model=NAME, prompt="<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n", raw=True,
+                          options={"num_predict": 8, "temperature": 0})
+    # the template adds SmolLM2's default system prompt; the raw prompt is its own tokens only
+    assert raw.response.strip() and raw.prompt_eval_count < templated.prompt_eval_count
+    with pytest.raises(ollama.ResponseError) as e:  # SmolLM2 has no FIM tokens
+        client.generate(model=NAME, prompt="def add(a, b):\n", suffix="\n    return c\n", options={"num_predict": 4})
+    assert e.value.status_code == 400 and "'suffix'" in e.value.error and "FIM tokens" in e.value.error
+    assert "insert" not in client.show(NAME).capabilities
+
+
 def _chat_raw(client: ollama.Client, stream: bool, **body: object) -> list[ChatResponse]:
     """The client's own request and response parsing, with ortserve's tool_choice extension in the body."""
     out = client._request(ChatResponse, "POST", "/api/chat", json={"model": NAME, "stream": stream, **body},
@@ -162,8 +174,10 @@ def test_bad_input_in_ollamas_error_shape(client: ollama.Client, srv: ServerThre
     assert code == 400 and "thinking" in msg
     code, msg = status(options={"num_ctx": 10})
     assert code == 400 and "num_ctx" in msg
-    body = httpx.post(f"{srv.url}/api/generate", json={"model": NAME, "prompt": "hi", "raw": True})
-    assert body.status_code == 400 and list(body.json()) == ["error"] and "raw" in body.json()["error"]
+    body = httpx.post(f"{srv.url}/api/generate", json={"model": NAME, "prompt": "hi", "raw": True, "system": "x"})
+    assert body.status_code == 400 and list(body.json()) == ["error"] and "'system'" in body.json()["error"]
+    body = httpx.post(f"{srv.url}/api/generate", json={"model": NAME, "prompt": "hi", "template": "{{ .Prompt }}"})
+    assert body.status_code == 400 and "'template'" in body.json()["error"]
     with pytest.raises(ollama.ResponseError) as e:  # a registry name: a 404 at once, never a download or a hang
         client.pull("llama3.2")
     assert e.value.status_code == 404 and "registry" in e.value.error

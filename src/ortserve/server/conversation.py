@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -60,6 +60,9 @@ class ChatTurn:
     names: dict[str, str] = field(default_factory=dict)
     thinking: bool | None = None  # False: a thinking model answers without reasoning (None: its default)
     thinking_param: str | None = None  # the field that asked for False (None: the API's own default)
+    # a raw prompt instead of the chat template (Ollama's raw, fill-in-the-middle): its token ids on the
+    # engine that serves the turn (``messages`` are then not rendered)
+    prompt_ids: Callable[[AsyncEngine], list[int]] | None = None
 
 
 @dataclass
@@ -221,10 +224,16 @@ class Conversation:
         except InvalidRequest as err:
             raise _renamed(err, turn.names) from None
         params = replace(params, logprobs=turn.logprobs)
-        handles = submit_n(engine, turn.n, params, messages=turn.messages,
-                           tools=plan.prompt_tools() if plan else None, thinking=thinking)
+        if turn.prompt_ids is not None:
+            try:
+                handles = submit_n(engine, turn.n, params, prompt_ids=turn.prompt_ids(engine))
+            except InvalidRequest as err:
+                raise _renamed(err, turn.names) from None
+        else:
+            handles = submit_n(engine, turn.n, params, messages=turn.messages,
+                               tools=plan.prompt_tools() if plan else None, thinking=thinking)
         conv = cls(st, engine, handles, plan, headers, turn, span)
-        if engine.codec.thinks and free:
+        if engine.codec.thinks and free and turn.prompt_ids is None:
             conv.thinking_open = engine.codec.answer_starts_thinking(thinking)
         return conv
 

@@ -40,6 +40,7 @@ from ortserve.server.conversation import (
     Finished,
     ReasoningDelta,
     TextDelta,
+    count_prompt,
     error_of,
 )
 from ortserve.server.sse import EventStream
@@ -102,23 +103,20 @@ async def start(st: ServerState, body: _Generating, turn: ChatTurn, request: Req
         if body.think not in (None, False) and not engine.codec.thinks:
             raise InvalidRequest(f"'{body.model}' does not support thinking", param="think")
         if num_ctx:
-            turn.max_tokens = _room(engine, turn, num_ctx, min(turn.max_tokens or st.settings.default_max_tokens,
-                                                               st.settings.max_tokens_cap))
+            turn.max_tokens = await _room(st, engine, turn, num_ctx, min(turn.max_tokens or st.settings.max_tokens_cap,
+                                                                         st.settings.max_tokens_cap))
     return await Conversation.start(st, turn, span_of(request))
 
 
-def _room(engine: Any, turn: ChatTurn, num_ctx: int, wanted: int) -> int:
-    from ortserve.engine.tools import parse_tools
-
+async def _room(st: ServerState, engine: Any, turn: ChatTurn, num_ctx: int, wanted: int) -> int:
     if num_ctx > engine.context_length:
         raise InvalidRequest(f"'options.num_ctx' is {num_ctx}, above {engine.model_id}'s context of "
                              f"{engine.context_length} tokens (fixed when it loads)", param="options.num_ctx")
-    ids, _ = engine.prepare(messages=turn.messages, tools=parse_tools(turn.tools) if turn.tools else None,
-                            thinking=turn.thinking)
-    if len(ids) >= num_ctx:
-        raise InvalidRequest(f"the prompt is {len(ids)} tokens, which leaves no room in 'options.num_ctx' "
+    prompt = len(turn.prompt_ids(engine)) if turn.prompt_ids else await count_prompt(st, turn)
+    if prompt >= num_ctx:
+        raise InvalidRequest(f"the prompt is {prompt} tokens, which leaves no room in 'options.num_ctx' "
                              f"{num_ctx} (it is never cut silently)", param="options.num_ctx")
-    return min(wanted, num_ctx - len(ids))
+    return min(wanted, num_ctx - prompt)
 
 
 async def load_only(st: ServerState, body: _Generating, shape: Shape) -> JSONResponse:
@@ -191,9 +189,10 @@ async def chat(body: ChatRequest, request: Request) -> Any:
 async def generate(body: GenerateRequest, request: Request) -> Any:
     st = state_of(request)
     st.ready_engine()
-    if not body.prompt:
+    if not body.prompt and not body.suffix:
         return await load_only(st, body, generate_shape)
     turn = turn_of(body, body.plain_messages(), st.settings.max_tokens_cap)
+    turn.prompt_ids = body.prompt_ids()
     return await answer(await start(st, body, turn, request), body, generate_shape, request)
 
 

@@ -136,7 +136,8 @@ async def show(body: ShowRequest, request: Request) -> dict[str, Any]:
     codec = None if v is not None and v.kind == "adapter" else await asyncio.to_thread(TextCodec, model_dir)
     sampling, _ = model_sampling(model_dir)
     params = "\n".join(f"{k:<30} {val}" for k, val in sorted(sampling.items()))
-    caps = ["completion", "tools"] + (["thinking"] if codec is not None and codec.thinks else [])
+    caps = ["completion", "tools"] + (["thinking"] if codec is not None and codec.thinks else []) \
+        + (["insert"] if codec is not None and codec.fim is not None else [])  # suffix: fill-in-the-middle
     return {"modelfile": f"FROM {model_dir}\n", "parameters": params,
             "template": (codec.chat_template or "") if codec is not None else "", "details": d, "model_info": info,
             "capabilities": caps, "modified_at": entry(mid, v, model_dir)["modified_at"]}

@@ -10,6 +10,7 @@ equivalent for are a 400 saying why (never silently dropped).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, ClassVar, Literal
 
@@ -109,10 +110,16 @@ def _keep(v: Any) -> Any:
     return parse_keep_alive(v)
 
 
-def _no_images(v: Any) -> Any:
-    if v:
-        raise ValueError("images are not supported: the served models read text only")
-    return v
+def _falsy(why: str) -> Callable[[Any], Any]:
+    """A field validator: the field may be left out, null, false or empty; anything else is a 400 saying why."""
+    def check(v: Any) -> Any:
+        if v:
+            raise ValueError(why)
+        return v
+    return check
+
+
+_no_images = _falsy("images are not supported: the served models read text only")
 
 
 class _Generating(_Contract):
@@ -130,12 +137,7 @@ class _Generating(_Contract):
 
     _keep_alive = field_validator("keep_alive")(_keep)
 
-    @field_validator("logprobs")
-    @classmethod
-    def _no_logprobs(cls, v: Any) -> Any:
-        if v:
-            raise ValueError("logprobs are served on /v1/chat/completions and /v1/completions")
-        return v
+    _no_logprobs = field_validator("logprobs")(_falsy("logprobs are served on /v1/chat/completions and /v1/completions"))
 
     @field_validator("format")
     @classmethod
@@ -214,8 +216,9 @@ class ChatRequest(_Generating):
 class GenerateRequest(_Generating):
     prompt: str = Field("", description="empty: load the model only (or unload it with keep_alive 0)")
     system: str | None = None
-    suffix: str | None = Field(None, description="empty only: fill-in-the-middle is not served here")
-    raw: bool | None = Field(None, description="false only: the prompt goes through the chat template")
+    suffix: str | None = Field(None, description="the text after the gap: fill-in-the-middle in the model's FIM "
+                               "tokens (a model without them is a 400)")
+    raw: bool | None = Field(None, description="true: the prompt as it is, without the chat template")
     images: list[str] | None = Field(None, description="not supported (the models read text)")
     _images = field_validator("images")(_no_images)
     REFUSED: ClassVar[dict[str, str]] = {
@@ -224,19 +227,23 @@ class GenerateRequest(_Generating):
         "width": "image generation is not supported", "height": "image generation is not supported",
         "steps": "image generation is not supported"}
 
-    @field_validator("suffix")
-    @classmethod
-    def _no_suffix(cls, v: Any) -> Any:
-        if v:
-            raise ValueError("fill-in-the-middle (suffix) is not supported on /api/generate")
-        return v
+    @model_validator(mode="after")
+    def _raw_alone(self) -> GenerateRequest:
+        if self.system and (self.raw or self.suffix):
+            raise InvalidRequest(f"'system' does not apply to a {'raw' if self.raw else 'fill-in-the-middle'} "
+                                 "prompt (no chat template is applied)", param="system")
+        return self
 
-    @field_validator("raw")
-    @classmethod
-    def _not_raw(cls, v: Any) -> Any:
-        if v:
-            raise ValueError("raw prompts are not supported: the prompt goes through the model's chat template")
-        return v
+    def prompt_ids(self) -> Callable[[Any], list[int]] | None:
+        """A prompt that skips the chat template: fill-in-the-middle (``suffix``) or ``raw``."""
+        from ortserve.server.fim import fim_prompt
+
+        prompt, suffix = self.prompt, self.suffix
+        if suffix:
+            return lambda engine: fim_prompt(engine, prompt, suffix, field="suffix", repo_header=False)
+        if self.raw:
+            return lambda engine: engine.codec.encode(prompt)
+        return None
 
     def plain_messages(self) -> list[dict[str, Any]]:
         system = [{"role": "system", "content": self.system}] if self.system else []
