@@ -115,6 +115,9 @@ class Settings(BaseSettings):
                       description="Port the server binds")
     api_key: str | None = Field(None, validation_alias=_env("ORTSERVE_API_KEY"),
                                 description="Bearer key required on every route but /healthz")
+    api_keys_file: Path | None = Field(None, validation_alias=_env("ORTSERVE_API_KEYS_FILE"),
+                                       description="Key file, one 'NAME KEY SCOPE' a line: each key its own "
+                                                   "tenant (docs/keys.md); re-read when it changes")
     cors_origins: list[str] = Field(default_factory=list, validation_alias=_env("ORTSERVE_CORS_ORIGINS"),
                                     description="Allowed CORS origins, comma-separated (none by default)")
     ui: bool = Field(True, validation_alias=_env("ORTSERVE_UI"),
@@ -182,7 +185,7 @@ class Settings(BaseSettings):
     log_level: str = Field("info", validation_alias=_env("ORTSERVE_LOG_LEVEL"),
                            description="Log level: debug, info, warning, error")
 
-    @field_validator("home", "router_config", "telemetry_dir", "rag_dir", mode="after")
+    @field_validator("home", "router_config", "telemetry_dir", "rag_dir", "api_keys_file", mode="after")
     @classmethod
     def _expand(cls, v: Path | None) -> Path | None:
         return v.expanduser() if v is not None else None

@@ -84,7 +84,7 @@ _PLUGINS = [("ortserve.cli.models", "models_group"), ("ortserve.cli.route", "rou
             ("ortserve.cli.bench", "bench_command"), ("ortserve.cli.admin", "ps_command"),
             ("ortserve.cli.admin", "load_command"), ("ortserve.cli.admin", "unload_command"),
             ("ortserve.cli.deploy", "deploy_group"), ("ortserve.cli.rag", "rag_group"),
-            ("ortserve.cli.bundle", "bundle_command")]
+            ("ortserve.cli.bundle", "bundle_command"), ("ortserve.cli.keys", "keys_group")]
 for _module, _attr in _PLUGINS:
     if importlib.util.find_spec(_module) is not None:
         cli.add_command(getattr(importlib.import_module(_module), _attr))

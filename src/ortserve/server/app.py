@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 import math
 from collections.abc import AsyncIterator
@@ -26,7 +25,6 @@ from ortserve.errors import (
     NotFound,
     OrtServeError,
     PayloadTooLarge,
-    Unauthorized,
     Unavailable,
 )
 from ortserve.server import rag_access
@@ -50,6 +48,7 @@ from ortserve.server.api import vector_stores as routes_vector_stores
 from ortserve.server.manager import ModelManager
 from ortserve.server.sse import ClientDisconnected, SSEPings
 from ortserve.server.state import ServerState
+from ortserve.server.tenancy import Auth
 from ortserve.telemetry import Telemetry, TelemetryMiddleware, span_of
 
 log = logging.getLogger("ortserve.server")
@@ -242,6 +241,7 @@ class GuardMiddleware:
     def __init__(self, app: ASGIApp, state: ServerState) -> None:
         self.app = app
         self.state = state
+        self.auth = Auth(state.settings)   # ORTSERVE_API_KEY and the key file (server/tenancy.py)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -254,12 +254,10 @@ class GuardMiddleware:
             await _send(send, path, Unavailable("the server is shutting down"))
             return
         public = path == "/healthz" or (settings.ui and routes_ui.is_public(path, scope.get("method", "")))
-        if settings.api_key and not public and scope.get("method") != "OPTIONS":
-            given = headers.get("authorization", "")
-            # Anthropic's clients send the key as x-api-key; it counts like the bearer token
-            token = given[7:] if given.lower().startswith("bearer ") else headers.get("x-api-key", "")
-            if not hmac.compare_digest(token.encode(), settings.api_key.encode()):
-                await _send(send, path, Unauthorized("missing or wrong API key (Authorization: Bearer ...)"))
+        if not public and scope.get("method") != "OPTIONS":
+            refused = self.auth.check(scope, headers)   # 401 a wrong key, 403 a user key on admin routes
+            if refused is not None:
+                await _send(send, path, refused)
                 return
         # uploads (POST /v1/files) have their own, larger limit (docs/rag.md)
         limit = settings.max_upload_bytes + 65536 if path == "/v1/files" else settings.max_body_bytes

@@ -9,6 +9,7 @@ from typing import Any
 
 from fastapi import Request
 
+from ortserve.rag import owners
 from ortserve.rag.index import RagStore
 from ortserve.rag.jobs import IngestWorker
 from ortserve.server.state import state_of
@@ -26,6 +27,8 @@ def open_rag(st: Any) -> RagStore:
     with _OPEN:
         if st.rag is None:
             rag = RagStore(st.settings.rag_path, lambda: st.embedder.get()[1])
+            with rag_lock():
+                owners.migrate(rag.main)   # which tenant owns each file and store (server/tenancy.py)
             rag.worker = IngestWorker(rag, st.settings.rag_queue_size)
             rag.worker.start()
             st.rag = rag
@@ -43,11 +46,15 @@ def stop_rag(st: Any) -> None:
         st.rag.worker.stop()
 
 
-async def locked(fn: Any, *args: Any, **kw: Any) -> Any:
+def rag_lock() -> Any:
     from ortserve.rag.index import _TX_LOCK
 
+    return _TX_LOCK
+
+
+async def locked(fn: Any, *args: Any, **kw: Any) -> Any:
     def run() -> Any:
-        with _TX_LOCK:
+        with rag_lock():
             return fn(*args, **kw)
 
     return await asyncio.to_thread(run)

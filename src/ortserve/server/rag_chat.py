@@ -21,6 +21,7 @@ from ortserve.rag.answer import citations, last_user_text, with_context
 from ortserve.server.protocol import Message
 from ortserve.server.rag_access import locked, rag_of
 from ortserve.server.reranking import RERANK_POOL, rerank_hits
+from ortserve.server.tenancy import own_stores
 
 
 async def apply_file_search(body: Any, request: Request) -> list[dict[str, Any]]:
@@ -33,6 +34,7 @@ async def apply_file_search(body: Any, request: Request) -> list[dict[str, Any]]
         raise InvalidRequest("file_search needs a user message to search for", param="messages")
     rag = rag_of(request)
     hits: list[dict[str, Any]] = []
+    await own_stores(request, fs.vector_store_ids, "vector_store_id")   # another key's: a missing store
     for vid in fs.vector_store_ids:
         await locked(rag.vector_store, vid)   # 404 naming the id before any work
     reranker = st.settings.rag_reranker       # a larger pool per store, reordered by the reranker

@@ -32,23 +32,28 @@ class ResponseStore:
             db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
             db.execute("PRAGMA journal_mode=WAL")
             db.execute(SCHEMA)
+            if "owner" not in {r[1] for r in db.execute("PRAGMA table_info(responses)")}:
+                db.execute("ALTER TABLE responses ADD COLUMN owner TEXT")   # the key that stored it (issue 45)
             self._db = db
         return self._db
 
-    def put(self, response: dict[str, Any], history: list[dict[str, Any]]) -> None:
+    def put(self, response: dict[str, Any], history: list[dict[str, Any]], owner: str | None = None) -> None:
         with self._lock:
-            self._conn().execute("INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?)",
-                                 (response["id"], time.time(), response["model"], json.dumps(history),
-                                  json.dumps(response)))
+            self._conn().execute("INSERT OR REPLACE INTO responses (id, created, model, history, response, owner) "
+                                 "VALUES (?, ?, ?, ?, ?, ?)", (response["id"], time.time(), response["model"],
+                                                               json.dumps(history), json.dumps(response), owner))
 
-    def get(self, rid: str) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+    def get(self, rid: str, owner: str | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+        """The stored response and its history; another owner's is None, as a missing one."""
         with self._lock:
-            row = self._conn().execute("SELECT response, history FROM responses WHERE id = ?", (rid,)).fetchone()
+            row = self._conn().execute("SELECT response, history FROM responses WHERE id = ? AND "
+                                       "(owner IS ? OR ? IS NULL)", (rid, owner, owner)).fetchone()
         return (json.loads(row[0]), json.loads(row[1])) if row else None
 
-    def delete(self, rid: str) -> bool:
+    def delete(self, rid: str, owner: str | None = None) -> bool:
         with self._lock:
-            return self._conn().execute("DELETE FROM responses WHERE id = ?", (rid,)).rowcount > 0
+            return self._conn().execute("DELETE FROM responses WHERE id = ? AND (owner IS ? OR ? IS NULL)",
+                                        (rid, owner, owner)).rowcount > 0
 
     def close(self) -> None:
         with self._lock:

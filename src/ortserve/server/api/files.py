@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
 from ortserve.errors import InvalidRequest, PayloadTooLarge
@@ -13,8 +13,10 @@ from ortserve.rag.ingest import safe_filename
 from ortserve.server.pagination import page
 from ortserve.server.rag_access import locked, rag_of
 from ortserve.server.state import state_of
+from ortserve.server.tenancy import claimed, mine, own_file_path
 
 router = APIRouter()
+my_file = [Depends(own_file_path)]   # another key's file answers the 404 of a missing one
 PURPOSES = ("assistants", "user_data")
 
 
@@ -45,29 +47,29 @@ async def create_file(request: Request) -> dict[str, Any]:
     finally:
         await form.close()
     rag = rag_of(request)
-    return await asyncio.to_thread(rag.add_file, name, data, str(purpose))  # type: ignore[no-any-return]
+    return await claimed(request, "files", await asyncio.to_thread(rag.add_file, name, data, str(purpose)))
 
 
 @router.get("/v1/files")
 async def list_files(request: Request) -> dict[str, Any]:
-    data = await locked(rag_of(request).files)
+    data = await mine(request, "files", await locked(rag_of(request).files))
     purpose = request.query_params.get("purpose")
     if purpose is not None:
         data = [f for f in data if f.get("purpose") == purpose]
     return page(request, data, default_limit=10000, max_limit=10000, known=("purpose",))
 
 
-@router.get("/v1/files/{file_id}")
+@router.get("/v1/files/{file_id}", dependencies=my_file)
 async def retrieve_file(file_id: str, request: Request) -> dict[str, Any]:
     return await locked(rag_of(request).file, file_id)  # type: ignore[no-any-return]
 
 
-@router.get("/v1/files/{file_id}/content")
+@router.get("/v1/files/{file_id}/content", dependencies=my_file)
 async def file_content(file_id: str, request: Request) -> Response:
     data = await locked(rag_of(request).file_bytes, file_id)
     return Response(data, media_type="application/octet-stream")
 
 
-@router.delete("/v1/files/{file_id}")
+@router.delete("/v1/files/{file_id}", dependencies=my_file)
 async def delete_file(file_id: str, request: Request) -> dict[str, Any]:
     return await locked(rag_of(request).delete_file, file_id)  # type: ignore[no-any-return]

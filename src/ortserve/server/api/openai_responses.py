@@ -36,6 +36,7 @@ from ortserve.server.protocol import OPENAI_IGNORED, _Contract
 from ortserve.server.responses_store import ResponseStore
 from ortserve.server.sse import SSE_HEADERS, EventStream, sse_event
 from ortserve.server.state import ServerState, state_of
+from ortserve.server.tenancy import owner_of
 from ortserve.telemetry import span_of
 
 router = APIRouter()
@@ -79,10 +80,10 @@ class ResponsesRequest(_Contract):
     }
 
 
-def history_of(st: ServerState, body: ResponsesRequest) -> list[dict[str, Any]]:
+def history_of(st: ServerState, body: ResponsesRequest, owner: str | None = None) -> list[dict[str, Any]]:
     if body.previous_response_id is None:
         return []
-    found = store_of(st).get(body.previous_response_id)
+    found = store_of(st).get(body.previous_response_id, owner)   # another key's: as if missing
     if found is None:
         raise NotFound(f"no stored response {body.previous_response_id!r}", param="previous_response_id",
                        code="response_not_found")
@@ -182,7 +183,8 @@ async def create_response(body: ResponsesRequest, request: Request) -> Any:
     st = state_of(request)
     st.ready_engine()
     _check_model(st, body.model)
-    history = history_of(st, body)
+    owner = owner_of(request)   # the key's tenant (server/tenancy.py); None sees every stored response
+    history = history_of(st, body, owner)
     turn = turn_of(body, history)
     try:
         conv = await Conversation.start(st, turn, span_of(request))
@@ -192,18 +194,19 @@ async def create_response(body: ResponsesRequest, request: Request) -> Any:
         raise
     shape = Shape(body, conv.model)
     if body.stream:
-        return EventStream(_events(st, conv, shape, turn), media_type="text/event-stream",
+        return EventStream(_events(st, conv, shape, turn, owner), media_type="text/event-stream",
                            headers={**SSE_HEADERS, **conv.headers})
     [c] = await conv.choices(request)
     output = output_of(c, namespaces_of(body.tools))
     resp = shape.response("incomplete" if c.finish_reason == "length" else "completed", output,
                           conv.usage([c.metrics]), c.finish_reason)
     if body.store:
-        store_of(st).put(resp, history_after(shape.body, turn, output))
+        store_of(st).put(resp, history_after(shape.body, turn, output), owner)
     return JSONResponse(resp, headers=conv.headers)
 
 
-async def _events(st: ServerState, conv: Conversation, shape: Shape, turn: ChatTurn) -> AsyncIterator[str]:
+async def _events(st: ServerState, conv: Conversation, shape: Shape, turn: ChatTurn,
+                  owner: str | None = None) -> AsyncIterator[str]:
     seq = 0
 
     def event(kind: str, **data: Any) -> str:
@@ -294,7 +297,7 @@ async def _events(st: ServerState, conv: Conversation, shape: Shape, turn: ChatT
                 status = "incomplete" if ev.finish_reason == "length" else "completed"
                 resp = shape.response(status, output, conv.usage([ev.metrics]), ev.finish_reason)
                 if shape.body.store:
-                    store_of(st).put(resp, history_after(shape.body, turn, output))
+                    store_of(st).put(resp, history_after(shape.body, turn, output), owner)
                 yield event(f"response.{status}", response=resp)
     except Exception as exc:  # noqa: BLE001 - once streaming has started the error goes in the stream
         err: OrtServeError = error_of(exc)
@@ -303,7 +306,7 @@ async def _events(st: ServerState, conv: Conversation, shape: Shape, turn: ChatT
 
 @router.get("/v1/responses/{response_id}")
 async def get_response(response_id: str, request: Request) -> Any:
-    found = store_of(state_of(request)).get(response_id)
+    found = store_of(state_of(request)).get(response_id, owner_of(request))
     if found is None:
         raise NotFound(f"no stored response {response_id!r}", param="response_id", code="response_not_found")
     return found[0]
@@ -311,6 +314,6 @@ async def get_response(response_id: str, request: Request) -> Any:
 
 @router.delete("/v1/responses/{response_id}")
 async def delete_response(response_id: str, request: Request) -> Any:
-    if not store_of(state_of(request)).delete(response_id):
+    if not store_of(state_of(request)).delete(response_id, owner_of(request)):
         raise NotFound(f"no stored response {response_id!r}", param="response_id", code="response_not_found")
     return {"id": response_id, "object": "response", "deleted": True}

@@ -20,6 +20,7 @@ from ortserve.server.api.openai_responses import ResponsesRequest, _check_model,
 from ortserve.server.conversation import count_prompt
 from ortserve.server.protocol import Message, _Contract
 from ortserve.server.state import state_of
+from ortserve.server.tenancy import owner_of
 
 router = APIRouter()
 
@@ -75,7 +76,7 @@ async def input_tokens(body: ResponsesRequest, request: Request) -> Any:
     st = state_of(request)
     st.ready_engine()
     _check_model(st, body.model)
-    turn = turn_of(body, history_of(st, body))
+    turn = turn_of(body, history_of(st, body, owner_of(request)))   # another key's response: a 404
     try:
         n = await count_prompt(st, turn)
     except InvalidRequest as err:

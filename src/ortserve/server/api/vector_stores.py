@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Literal
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Depends, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from ortserve.errors import InvalidRequest
@@ -20,8 +20,9 @@ from ortserve.server.pagination import page
 from ortserve.server.rag_access import locked, rag_of
 from ortserve.server.reranking import RERANK_POOL, rerank_hits
 from ortserve.server.state import state_of
+from ortserve.server.tenancy import claimed, mine, own_files, own_store_path
 
-router = APIRouter()
+router = APIRouter(dependencies=[Depends(own_store_path)])   # another key's store: the 404 of a missing one
 POLL_AFTER_MS = 200
 STATUSES = ("in_progress", "completed", "failed", "cancelled")
 FUSED_RANKERS = ("auto", "default-2024-11-15", "none")
@@ -127,6 +128,7 @@ class Search(BaseModel):
 @router.post("/v1/vector_stores")
 async def create_store(body: CreateStore, request: Request) -> dict[str, Any]:
     st, rag = state_of(request), rag_of(request)
+    await own_files(request, body.file_ids)
     for fid in body.file_ids:
         await locked(rag.file, fid)        # 404 before anything is created
     size, overlap = (body.chunking_strategy or ChunkingStrategy(type="auto")).sizes()
@@ -134,7 +136,7 @@ async def create_store(body: CreateStore, request: Request) -> dict[str, Any]:
         await asyncio.to_thread(rag.check_chunking, size)
         rag.worker.room(len(body.file_ids))
     model = (await st.embedder.aget(None))[0].id
-    vs = await locked(rag.create_store, body.name, body.metadata, model)
+    vs = await claimed(request, "vector_stores", await locked(rag.create_store, body.name, body.metadata, model))
     for fid in body.file_ids:
         await locked(rag.enqueue_file, vs["id"], fid, attributes=None, max_tokens=size, overlap=overlap)
     rag.worker.submit([(vs["id"], fid) for fid in body.file_ids])
@@ -143,7 +145,7 @@ async def create_store(body: CreateStore, request: Request) -> dict[str, Any]:
 
 @router.get("/v1/vector_stores")
 async def list_stores(request: Request) -> dict[str, Any]:
-    return page(request, await locked(rag_of(request).vector_stores))
+    return page(request, await mine(request, "vector_stores", await locked(rag_of(request).vector_stores)))
 
 
 @router.get("/v1/vector_stores/{vs_id}")
@@ -160,6 +162,7 @@ async def delete_store(vs_id: str, request: Request) -> dict[str, Any]:
 async def add_file(vs_id: str, body: AddFile, request: Request, response: Response) -> dict[str, Any]:
     rag = rag_of(request)
     await locked(rag.vector_store, vs_id)
+    await own_files(request, [body.file_id])
     await locked(rag.file, body.file_id)
     size, overlap = (body.chunking_strategy or ChunkingStrategy(type="auto")).sizes()
     await asyncio.to_thread(rag.check_chunking, size)
@@ -199,6 +202,7 @@ async def delete_store_file(vs_id: str, file_id: str, request: Request) -> dict[
 async def create_batch(vs_id: str, body: CreateBatch, request: Request, response: Response) -> dict[str, Any]:
     rag = rag_of(request)
     jobs = body.jobs()
+    await own_files(request, [fid for fid, *_ in jobs], "file_ids")
     await locked(rag.vector_store, vs_id)
     await asyncio.to_thread(rag.check_chunking, max(size for _, _, size, _ in jobs))
     rag.worker.room(len(jobs))
