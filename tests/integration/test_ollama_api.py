@@ -133,6 +133,10 @@ def test_list_show_ps_version(client: ollama.Client, srv: ServerThread) -> None:
     assert emb.capabilities == ["embedding"]
     loaded = {m.model: m for m in client.ps().models}
     assert loaded[NAME].context_length == srv.state.engine.context_length and loaded[NAME].size > 0
+    # Ollama reads the body as JSON whatever its content type (its docs' `curl -d` sends a form one)
+    r = httpx.post(f"{srv.url}/api/show", content=json.dumps({"model": NAME}),
+                   headers={"content-type": "application/x-www-form-urlencoded"})
+    assert r.status_code == 200 and r.json()["capabilities"][0] == "completion"
     version = httpx.get(f"{srv.url}/api/version").json()
     assert version["version"].count(".") == 2 and version["ortserve"]
 

@@ -26,6 +26,7 @@ from ortserve.server.api.ollama_wire import (
     EmbeddingsRequest,
     EmbedRequest,
     GenerateRequest,
+    JSONBody,
     Options,
     _Generating,
     durations,
@@ -47,7 +48,7 @@ from ortserve.server.sse import EventStream
 from ortserve.server.state import ServerState, state_of
 from ortserve.telemetry import span_of
 
-router = APIRouter()
+router = APIRouter(route_class=JSONBody)
 NDJSON = "application/x-ndjson"
 # text, thinking, tool calls -> the fields of one line (chat: a message; generate: response/thinking)
 Shape = Callable[[str, str | None, list[dict[str, Any]] | None], dict[str, Any]]

@@ -30,6 +30,7 @@ from ortserve.server.api.ollama_wire import (
     CopyRequest,
     CreateRequest,
     DeleteRequest,
+    JSONBody,
     PullRequest,
     ShowRequest,
     model_ref,
@@ -38,7 +39,7 @@ from ortserve.server.model_names import GENERIC_NAMES, resolve_store_model
 from ortserve.server.sse import EventStream
 from ortserve.server.state import ServerState, state_of
 
-router = APIRouter()
+router = APIRouter(route_class=JSONBody)
 FOREVER = "9999-12-31T23:59:59Z"  # expires_at of a model kept loaded (keep_alive -1, or pinned)
 
 

@@ -10,10 +10,12 @@ equivalent for are a 400 saying why (never silently dropped).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
 from typing import Any, ClassVar, Literal
 
+from fastapi import Request, Response
+from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ortserve.errors import InvalidRequest, OrtServeError
@@ -33,6 +35,20 @@ REFUSED_OPTIONS: dict[str, str] = {
                                                     "is a 400, never silently cut)",
     **dict.fromkeys(("numa", "num_batch", "num_gpu", "main_gpu", "low_vram", "f16_kv", "logits_all", "vocab_only", "use_mmap", "use_mlock", "embedding_only", "num_thread"), _LOAD_TIME),
 }
+
+
+class JSONBody(APIRoute):
+    """A route whose body is JSON whatever its content type: Ollama reads it so, and its docs' examples
+    (``curl URL -d '{...}'``) send form-encoded headers over a JSON body."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def route(request: Request) -> Response:
+            headers = [(k, v) for k, v in request.scope["headers"] if k != b"content-type"]
+            scope = {**request.scope, "headers": [*headers, (b"content-type", b"application/json")]}
+            return await handler(Request(scope, request.receive))
+        return route
 
 
 def is_ollama_path(path: str) -> bool:
