@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -79,12 +78,18 @@ def test_a_dropped_adapter_leaves_running_rows_alone_and_comes_back(lora: Simple
 
 
 def test_unused_adapters_unload_after_keep_alive(lora: SimpleNamespace, tiny_model: Path) -> None:
+    import threading
+
     import httpx
     import openai
+    from tests.clocks import ManualClock, wait_until
     from tests.servers import ServerThread
 
     msg = [{"role": "user", "content": "Say hi"}]
-    with ServerThread(tiny_model, home=lora.home, keep_alive=1.0) as srv:  # the base is pinned: it stays
+    # The manager's clock moves only when the test says: an adapter stays between the checks
+    # however slow the machine, and expires when its keep_alive has passed on that clock.
+    with ServerThread(tiny_model, home=lora.home, keep_alive=30) as srv:  # the base is pinned: it stays
+        clock = srv.state.manager.clock = ManualClock()
         client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="none")
 
         def ps() -> dict:
@@ -92,38 +97,52 @@ def test_unused_adapters_unload_after_keep_alive(lora: SimpleNamespace, tiny_mod
 
         assert sorted(ps()["adapters"]) == ["my-adapter", "other"]  # loaded with the base
         first = client.chat.completions.create(model="tiny:my-adapter", messages=msg, max_tokens=8, temperature=0)
-        deadline = time.monotonic() + 10
-        while ps()["adapters"] and time.monotonic() < deadline:
-            time.sleep(0.1)
+        srv.reap()
+        assert sorted(ps()["adapters"]) == ["my-adapter", "other"]  # the clock has not moved
+        clock.advance(30)
+        assert wait_until(lambda: not ps()["adapters"])  # the reaper's next pass
         row = ps()
-        assert row["adapters"] == [] and row["adapters_expire_in"] == {}  # both gone after 1 s unused
+        assert row["adapters"] == [] and row["adapters_expire_in"] == {}  # both gone after 30 s unused
         shown = subprocess.run([sys.executable, "-m", "ortserve.cli.main", "ps", "--url", srv.url],
-                               capture_output=True, text=True, timeout=60, check=False)
+                               capture_output=True, text=True, timeout=120, check=False)
         assert shown.returncode == 0 and "my-adapter" not in shown.stdout, shown.stderr
         assert "my-adapter" not in {m.id for m in client.models.list().data if getattr(m, "loaded", False)}
         again = client.chat.completions.create(model="tiny:my-adapter", messages=msg, max_tokens=8, temperature=0)
         assert again.choices[0].message.content == first.choices[0].message.content  # loaded again, same model
         assert ps()["adapters"] == ["my-adapter"]
-        # keep_alive 0 on the request: dropped right after it, never while it streams. 1,500 tokens
-        # keep it running for well over the 0.3 s below (300 took under 0.2 s on a quiet machine, so
-        # the check then saw a finished request), and the check also reads that it still runs.
-        long = {"keep_alive": 0, "min_tokens": 1500}
-        stream = client.chat.completions.create(model="other", messages=msg, max_tokens=1500, temperature=0,
-                                                stream=True, extra_body=long)
-        pieces, seen = [], []
-        for chunk in stream:
-            pieces.append((chunk.choices[0].delta.content or "") if chunk.choices else "")
-            if len(pieces) == 1:  # in flight, while the reaper runs every 0.1 s
-                time.sleep(0.3)
-                row = ps()
-                seen.append(("other" in row["adapters"], row["running"] > 0))
+        # keep_alive 0 on the request: dropped right after it, never while it streams. The engine
+        # holds after the first step that leaves the request running, so a reaper pass reads it
+        # mid-stream however fast or slow the machine (the client may read its first chunk late).
+        core = srv.state.engine.core
+        held, go, step = threading.Event(), threading.Event(), core.step
+
+        def held_step() -> None:
+            step()
+            if not held.is_set() and core.running:
+                held.set()
+                go.wait(120)
+
+        core.step = held_step
+        try:
+            long = {"keep_alive": 0, "min_tokens": 300}
+            stream = client.chat.completions.create(model="other", messages=msg, max_tokens=300, temperature=0,
+                                                    stream=True, extra_body=long)
+            pieces, seen = [], []
+            for chunk in stream:
+                pieces.append((chunk.choices[0].delta.content or "") if chunk.choices else "")
+                if len(pieces) == 1:  # in flight, the engine held: one reaper pass
+                    assert held.wait(120)
+                    srv.reap()
+                    row = ps()
+                    seen.append(("other" in row["adapters"], row["running"] > 0))
+                    go.set()
+        finally:
+            go.set()
+            del core.step
         assert seen == [(True, True)]
-        deadline = time.monotonic() + 10
-        while "other" in ps()["adapters"] and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert "other" not in ps()["adapters"]
-        full = client.chat.completions.create(model="other", messages=msg, max_tokens=1500, temperature=0,
-                                              extra_body={"min_tokens": 1500})
+        assert wait_until(lambda: "other" not in ps()["adapters"])
+        full = client.chat.completions.create(model="other", messages=msg, max_tokens=300, temperature=0,
+                                              extra_body={"min_tokens": 300})
         assert "".join(pieces) == full.choices[0].message.content
 
 
@@ -133,6 +152,7 @@ def test_adapter_stacks_are_built_off_the_event_loop(lora: SimpleNamespace, tiny
     second at 1B) in a worker thread: the event loop that streams every other request never runs them."""
     import httpx
     import openai
+    from tests.clocks import ManualClock, wait_until
     from tests.servers import ServerThread
 
     calls: list[tuple[list[str], bool]] = []
@@ -148,16 +168,15 @@ def test_adapter_stacks_are_built_off_the_event_loop(lora: SimpleNamespace, tiny
         return build(self, adapters)
 
     msg = [{"role": "user", "content": "Say hi"}]
-    with ServerThread(tiny_model, home=lora.home, keep_alive=1.0) as srv:
+    with ServerThread(tiny_model, home=lora.home, keep_alive=30) as srv:
         monkeypatch.setattr(Runner, "lora_inputs", spy)
+        srv.state.manager.clock = ManualClock()
 
         def ps() -> dict:
             return httpx.get(f"{srv.url}/v1/admin/ps", timeout=10).json()["models"][0]
 
-        deadline = time.monotonic() + 10
-        while ps()["adapters"] and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert ps()["adapters"] == []  # both dropped by the reaper
+        srv.state.manager.clock.advance(30)
+        assert wait_until(lambda: not ps()["adapters"])  # both dropped by the reaper
         client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="none")
         out = client.chat.completions.create(model="tiny:my-adapter", messages=msg, max_tokens=4, temperature=0)
         assert out.choices[0].message.content is not None
