@@ -137,6 +137,10 @@ def test_list_show_ps_version(client: ollama.Client, srv: ServerThread) -> None:
     r = httpx.post(f"{srv.url}/api/show", content=json.dumps({"model": NAME}),
                    headers={"content-type": "application/x-www-form-urlencoded"})
     assert r.status_code == 200 and r.json()["capabilities"][0] == "completion"
+    verbose = httpx.post(f"{srv.url}/api/show", json={"model": NAME, "verbose": True}).json()["model_info"]
+    tokens = verbose["tokenizer.ggml.tokens"]
+    codec = srv.state.engine.codec
+    assert len(tokens) == codec.tokenizer.get_vocab_size() and tokens[codec.token_id("<|im_start|>")] == "<|im_start|>"
     version = httpx.get(f"{srv.url}/api/version").json()
     assert version["version"].count(".") == 2 and version["ortserve"]
 

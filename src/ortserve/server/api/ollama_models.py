@@ -137,6 +137,9 @@ async def show(body: ShowRequest, request: Request) -> dict[str, Any]:
     codec = None if v is not None and v.kind == "adapter" else await asyncio.to_thread(TextCodec, model_dir)
     sampling, _ = model_sampling(model_dir)
     params = "\n".join(f"{k:<30} {val}" for k, val in sorted(sampling.items()))
+    if body.verbose and codec is not None:  # the vocabulary by id, as Ollama's verbose show lists it
+        vocab = codec.tokenizer.get_vocab(with_added_tokens=True)
+        info["tokenizer.ggml.tokens"] = sorted(vocab, key=vocab.__getitem__)
     caps = ["completion", "tools"] + (["thinking"] if codec is not None and codec.thinks else []) \
         + (["insert"] if codec is not None and codec.fim is not None else [])  # suffix: fill-in-the-middle
     return {"modelfile": f"FROM {model_dir}\n", "parameters": params,

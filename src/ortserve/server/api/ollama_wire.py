@@ -226,7 +226,19 @@ class ChatRequest(_Generating):
         None, description="ortserve extension (OpenAI's values): 'required' makes the model call a tool")
 
     def plain_messages(self) -> list[dict[str, Any]]:
-        return [m.plain(i) for i, m in enumerate(self.messages)]
+        """As plain chat messages. Ollama's tool results name the tool, not the call: each answers the
+        first open call of its ``tool_name`` (else the first open call) of the assistant turn before it."""
+        out, open_calls = [], []
+        for i, m in enumerate(self.messages):
+            msg = m.plain(i)
+            if m.role == "assistant":
+                open_calls = [(c["id"], c["function"]["name"]) for c in msg.get("tool_calls", [])]
+            elif m.role == "tool" and "tool_call_id" not in msg and open_calls:
+                hit = next((c for c in open_calls if c[1] == m.tool_name), open_calls[0])
+                msg["tool_call_id"] = hit[0]
+                open_calls.remove(hit)
+            out.append(msg)
+        return out
 
 
 class GenerateRequest(_Generating):
