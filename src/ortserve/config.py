@@ -156,6 +156,15 @@ class Settings(BaseSettings):
     rag_reranker: str | None = Field(None, validation_alias=_env("ORTSERVE_RAG_RERANKER"),
                                      description="Reranker that reorders file_search hits before the answer: a "
                                                  "reranker or chat model id (docs/rerank.md); unset = fused ranking")
+    # speech to text (docs/audio.md)
+    audio_model: str = Field("whisper-base", validation_alias=_env("ORTSERVE_AUDIO_MODEL"),
+                             description="Whisper model for /v1/audio/* when a request names none or 'whisper-1'")
+    audio_concurrency: int = Field(1, ge=1, validation_alias=_env("ORTSERVE_AUDIO_CONCURRENCY"),
+                                   description="Transcriptions that run at once, beside chat")
+    audio_queue: int = Field(4, ge=0, validation_alias=_env("ORTSERVE_AUDIO_QUEUE"),
+                             description="Transcriptions waiting beyond those running (429 above)")
+    audio_max_seconds: float = Field(7200.0, gt=0, validation_alias=_env("ORTSERVE_AUDIO_MAX_SECONDS"),
+                                     description="Longest audio a request may send, in seconds (400 above)")
     # sampling defaults: what a request's unset fields become (docs/api-fields.md)
     default_temperature: float = Field(0.8, ge=0, le=2, validation_alias=_env("ORTSERVE_DEFAULT_TEMPERATURE"),
                                        description="temperature when a request and the model give none")

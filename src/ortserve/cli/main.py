@@ -81,7 +81,8 @@ cli.add_command(config_command)
 # Command groups that live in their own modules (models, route/costs, telemetry, bench).
 _PLUGINS = [("ortserve.cli.models", "models_group"), ("ortserve.cli.route", "route_group"),
             ("ortserve.cli.route", "costs_command"), ("ortserve.cli.telemetry", "telemetry_group"),
-            ("ortserve.cli.bench", "bench_command"), ("ortserve.cli.admin", "ps_command"),
+            ("ortserve.cli.bench", "bench_command"), ("ortserve.cli.transcribe", "transcribe_command"),
+            ("ortserve.cli.admin", "ps_command"),
             ("ortserve.cli.admin", "load_command"), ("ortserve.cli.admin", "unload_command"),
             ("ortserve.cli.deploy", "deploy_group"), ("ortserve.cli.rag", "rag_group"),
             ("ortserve.cli.bundle", "bundle_command"), ("ortserve.cli.keys", "keys_group")]

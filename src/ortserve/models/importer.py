@@ -268,6 +268,11 @@ def import_path(store: ModelStore, path: Path, *, model_id: str | None = None,
     from ortserve.models import embed_import, rerank_import
 
     has_weights = any(path.glob("*.safetensors")) or any(path.glob("pytorch_model*.bin"))
+    from ortserve.models import whisper_import
+
+    if whisper_import.is_whisper_dir(path):   # faster-whisper (CTranslate2) or Hugging Face Whisper: kind audio
+        return whisper_import.import_whisper(store, path, mid or model_id_from_path(path), precision=precision,
+                                             progress=progress)
     if rerank_import.is_cross_encoder_dir(path) and has_weights:   # a *ForSequenceClassification reranker
         return rerank_import.import_cross_encoder(store, path, mid or model_id_from_path(path), progress=progress)
     if embed_import.is_sentence_transformers_dir(path) and has_weights:

@@ -30,6 +30,7 @@ from ortserve.errors import (
 from ortserve.server import rag_access
 from ortserve.server.api import admin as routes_admin
 from ortserve.server.api import anthropic_messages as routes_messages
+from ortserve.server.api import audio as routes_audio
 from ortserve.server.api import embeddings as routes_embeddings
 from ortserve.server.api import files as routes_files
 from ortserve.server.api import infill as routes_infill
@@ -54,7 +55,9 @@ from ortserve.telemetry import Telemetry, TelemetryMiddleware, span_of
 log = logging.getLogger("ortserve.server")
 KNOWN_ROUTES = {"/healthz", "/metrics", "/v1/chat", "/v1/chat/stream", "/v1/chat/completions",
                 "/v1/completions", "/v1/responses", "/v1/messages", "/v1/models", "/v1/admin/ps", "/v1/admin/load", "/v1/admin/unload",
-                "/v1/embeddings", "/v1/files", "/v1/vector_stores", "/api/chat", "/api/generate", "/api/embed"}
+                "/v1/embeddings", "/v1/files", "/v1/audio/transcriptions", "/v1/audio/translations", "/v1/vector_stores", "/api/chat", "/api/generate", "/api/embed"}
+
+UPLOAD_PATHS = ("/v1/files", "/v1/audio/transcriptions", "/v1/audio/translations")   # max_upload_bytes
 
 
 def error_body(err: OrtServeError, path: str = "") -> dict[str, Any]:
@@ -145,6 +148,7 @@ def create_app(settings: Settings, *, engine: AsyncEngine | None = None, model_d
     app.include_router(routes_messages.router)
     app.include_router(routes_admin.router)
     app.include_router(routes_embeddings.router)
+    app.include_router(routes_audio.router)
     app.include_router(routes_files.router)
     app.include_router(routes_vector_stores.router)
     app.include_router(routes_ollama.router)
@@ -187,6 +191,12 @@ def _rag_parts(state: ServerState) -> None:
 
     state.embedder = EmbeddingHolder(ModelStore(state.settings.store_dir), state.settings.embedding_model)
     state.embedder.manager = state.manager  # embedding models share the chat models' budget and ps
+    from ortserve.server.speech import SpeechHolder   # Whisper (docs/audio.md): its own queue beside chat
+
+    s = state.settings
+    state.speech = SpeechHolder(ModelStore(s.store_dir), s.audio_model, s.audio_concurrency, s.audio_queue)
+    state.speech.manager = state.manager
+    state.speech.bind_metrics(state.metrics.registry)
 
 
 def validation_to_error(err: RequestValidationError) -> OrtServeError:
@@ -260,7 +270,7 @@ class GuardMiddleware:
                 await _send(send, path, refused)
                 return
         # uploads (POST /v1/files) have their own, larger limit (docs/rag.md)
-        limit = settings.max_upload_bytes + 65536 if path == "/v1/files" else settings.max_body_bytes
+        limit = settings.max_upload_bytes + 65536 if path in UPLOAD_PATHS else settings.max_body_bytes
         length = headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > limit:
             await _send(send, path, PayloadTooLarge(f"request body of {length} bytes exceeds the limit of {limit}"))

@@ -29,6 +29,7 @@ class ServerState:
     rerankers: Any = None      # server/reranking.RerankerHolder: cross-encoders, opened on first use
     responses: Any = None      # server/responses_store.ResponseStore: stored Responses API answers, opened lazily
     rag: Any = None            # rag/index.RagStore: files and vector stores (issue 16)
+    speech: Any = None         # server/speech.SpeechHolder: Whisper models and the audio queue (issue 43)
 
     def record(self, span: Any, metrics: Any, finish_reason: str | None) -> None:
         """A finished generation, into Prometheus and the request's telemetry span."""

@@ -1,0 +1,249 @@
+"""A Whisper model on ONNX Runtime GenAI and its windowed decode loop (openai/whisper transcribe.py).
+
+og runs the audio processor (log-mel), the encoder and one decoder step at a time; this module
+drives the steps itself (``get_logits`` -> the rules in ``rules.py`` -> ``append_tokens``), so it
+applies Whisper's timestamp and suppression rules, detects the language from the first step,
+reads the no-speech probability, falls back to higher temperatures on a repetitive or unlikely
+window, and walks audio of any length in 30 s windows that restart at the last timestamp.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ortserve.audio import rules
+from ortserve.audio.decode import RATE, Audio, wav_bytes
+from ortserve.audio.tokens import LANGUAGES, SpecialTokens, load_special_tokens
+
+WINDOW = 30 * RATE              # samples per window (the encoder's 3000 frames)
+STAMP = 0.02                    # seconds per timestamp token
+SAMPLE_LEN = 224                # tokens per window at most (half the decoder's context)
+PROMPT_TOKENS = 223             # previous text kept as the next window's prompt
+NO_SPEECH = 0.6                 # a window above this, whose text is also unlikely, is silence
+LOGPROB_FLOOR = -1.0            # below: the window is decoded again at a higher temperature
+COMPRESSION_CEILING = 2.4       # above: the window repeats itself; decode it again
+SIDE_FILE = "whisper.json"      # ortserve's notes beside the og files: suppressed ids
+
+
+@dataclass
+class Options:
+    task: str = "transcribe"          # or "translate" (to English)
+    language: str | None = None       # a code ("en"); None: detected from the first window
+    prompt: str = ""                  # text before the audio, as Whisper's previous text
+    temperature: float = 0.0          # the first try's; fallbacks rise by 0.2 up to 1.0
+    seed: int = 0
+
+
+@dataclass
+class Segment:
+    id: int
+    seek: int                         # the window's start in 10 ms frames (as openai-whisper reports it)
+    start: float
+    end: float
+    text: str
+    tokens: list[int]
+    temperature: float
+    avg_logprob: float
+    compression_ratio: float
+    no_speech_prob: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.__dict__, "start": round(self.start, 2), "end": round(self.end, 2)}
+
+
+@dataclass
+class _Try:
+    tokens: list[int]
+    sum_logprob: float
+    no_speech_prob: float
+    temperature: float
+    language: str
+    finished: bool = True             # ended with <|endoftext|> (not cut at SAMPLE_LEN)
+    text: str = ""
+    avg_logprob: float = 0.0
+    compression: float = 0.0
+
+
+@dataclass
+class Transcript:
+    """What ``WhisperModel.transcribe`` found besides the segments it yields."""
+    language: str = ""
+    duration: float = 0.0
+    segments: list[Segment] = field(default_factory=list)
+
+    @property
+    def text(self) -> str:
+        return "".join(s.text for s in self.segments).strip()
+
+
+class WhisperModel:
+    def __init__(self, model_dir: Path) -> None:
+        import onnxruntime_genai as og
+
+        self.og = og
+        self.dir = Path(model_dir)
+        cfg = json.loads((self.dir / "genai_config.json").read_text(encoding="utf-8"))
+        if cfg.get("model", {}).get("type") != "whisper":
+            raise ValueError(f"{model_dir} is not an ONNX GenAI Whisper model")
+        side = self.dir / SIDE_FILE
+        notes = json.loads(side.read_text(encoding="utf-8")) if side.is_file() else {}
+        self.model = og.Model(str(self.dir))
+        self.processor = self.model.create_multimodal_processor()
+        self.tokenizer = og.Tokenizer(self.model)
+        self.special: SpecialTokens = load_special_tokens(self.dir, int(cfg["model"]["vocab_size"]),
+                                                          notes.get("suppress_tokens"))
+        self.multilingual = len(self.special.languages) > 1
+        self.lock = threading.Lock()
+
+    def memory_bytes(self) -> int:
+        return sum(p.stat().st_size for p in self.dir.glob("*.onnx*"))
+
+    # ---- one window ---------------------------------------------------------
+    def _start(self, pcm: np.ndarray, prompt: str) -> Any:
+        og = self.og
+        audios = og.Audios.open_bytes(wav_bytes(pcm))
+        prefix = (f"<|startofprev|>{prompt}" if prompt else "") + "<|startoftranscript|>"
+        params = og.GeneratorParams(self.model)
+        params.set_search_options(max_length=448, batch_size=1)
+        gen = og.Generator(self.model, params)
+        gen.set_inputs(self.processor(prompt=prefix, audios=audios))
+        return gen
+
+    def _decode(self, pcm: np.ndarray, prompt: str, language: str | None, task: str, temperature: float,
+                rng: np.random.Generator) -> _Try:
+        """One window at one temperature; ``language`` None: detected from this first step."""
+        sp = self.special
+        gen = self._start(pcm, prompt)
+        first = gen.get_logits().reshape(-1)
+        no_speech = float(np.exp(rules.log_softmax(first)[sp.no_speech]))
+        if language is None:
+            language = self.language_of(first) if self.multilingual else "en"
+        head = [sp.languages[language], sp.translate if task == "translate" else sp.transcribe] \
+            if self.multilingual else []
+        if head:
+            gen.append_tokens(np.array(head, dtype=np.int32))
+            logits = gen.get_logits().reshape(-1)
+        else:
+            logits = first
+        sampled: list[int] = []
+        total, finished = 0.0, False
+        for _ in range(SAMPLE_LEN):
+            token, lp = rules.choose(rules.mask(logits, sampled, sp, True), temperature, rng)
+            total += lp
+            if token == sp.eot:
+                finished = True
+                break
+            sampled.append(token)
+            gen.append_tokens(np.array([token], dtype=np.int32))
+            logits = gen.get_logits().reshape(-1)
+        t = _Try(sampled, total, no_speech, temperature, language, finished)
+        t.text = self.text_of(sampled)
+        t.avg_logprob = total / (len(sampled) + 1)
+        t.compression = rules.compression_ratio(t.text)
+        return t
+
+    def text_of(self, tokens: list[int]) -> str:
+        text = [t for t in tokens if t < self.special.eot]
+        return self.tokenizer.decode(np.array(text, dtype=np.int32)) if text else ""
+
+    def _window(self, pcm: np.ndarray, prompt: str, language: str | None, opts: Options,
+                rng: np.random.Generator) -> _Try:
+        """Decode at rising temperatures until the text is neither repetitive nor unlikely."""
+        temps = [opts.temperature] + [round(t, 1) for t in np.arange(0.2, 1.01, 0.2) if t > opts.temperature + 1e-6]
+        tries: list[_Try] = []
+        for temp in temps:
+            t = self._decode(pcm, prompt, language, opts.task, temp, rng)
+            language = t.language
+            tries.append(t)
+            if silent(t):
+                return t        # silence: no fallback decides anything there
+            if t.finished and t.compression <= COMPRESSION_CEILING and t.avg_logprob >= LOGPROB_FLOOR:
+                return t
+        sane = [t for t in tries if t.finished and t.compression <= COMPRESSION_CEILING]
+        return max(sane, key=lambda t: t.avg_logprob) if sane else tries[-1]
+
+    def language_of(self, logits: np.ndarray) -> str:
+        """The most likely language at the first step (after <|startoftranscript|>)."""
+        ids = self.special.language_ids
+        return list(self.special.languages)[int(np.argmax(logits[ids]))]
+
+    # ---- the whole recording ------------------------------------------------
+    def transcribe(self, audio: Audio, opts: Options, found: Transcript | None = None) -> Iterator[Segment]:
+        """Segments in order, as each 30 s window is decoded; ``found`` gets the language."""
+        found = found if found is not None else Transcript()
+        pcm, n = audio.pcm, len(audio.pcm)
+        found.duration = n / RATE
+        language = opts.language
+        found.language = LANGUAGES.get(language, language) if language else ""
+        rng = np.random.default_rng(opts.seed)
+        prompt, seek = opts.prompt.strip(), 0
+        while seek < n - RATE // 100:          # less than 10 ms left: nothing to hear
+            window = pcm[seek:seek + WINDOW]
+            size = len(window)
+            t = self._window(window, prompt, language, opts, rng)
+            if language is None:
+                language = t.language
+                found.language = LANGUAGES.get(language, language)
+            if silent(t):
+                seek += size                    # silence: skip the window
+                continue
+            segments, advance = self._segments(t, seek, size, n)
+            for s in segments:
+                s.id = len(found.segments)
+                found.segments.append(s)
+                yield s
+            seek += advance
+            said = " ".join(s.text.strip() for s in found.segments)
+            prompt = "" if t.temperature > 0.5 else said[-1000:]
+            if prompt:
+                prompt = self._tail(prompt)
+
+    def _tail(self, text: str) -> str:
+        ids = self.tokenizer.encode(" " + text)
+        return self.text_of([int(i) for i in ids[-PROMPT_TOKENS:]]) if len(ids) > PROMPT_TOKENS else text
+
+    def _segments(self, t: _Try, seek: int, size: int, total: int) -> tuple[list[Segment], int]:
+        """Split a window's tokens at its timestamp pairs (transcribe.py); how far to move on."""
+        tb, toks = self.special.timestamp_begin, t.tokens
+        offset = seek / RATE
+        is_ts = [x >= tb for x in toks]
+        single_end = len(toks) >= 2 and is_ts[-1] and not is_ts[-2]
+        cuts = [i for i in range(1, len(toks)) if is_ts[i] and is_ts[i - 1]]
+        out: list[Segment] = []
+
+        def add(start: float, end: float, piece: list[int]) -> None:
+            text = self.text_of(piece)
+            if not text.strip():
+                return
+            end = min(end, total / RATE)
+            out.append(Segment(0, seek // (RATE // 100), start, max(start, end), text, piece, t.temperature,
+                               t.avg_logprob, t.compression, t.no_speech_prob))
+
+        if cuts:
+            if single_end:
+                cuts.append(len(toks))
+            last = 0
+            for cut in cuts:
+                piece = toks[last:cut]
+                add(offset + (piece[0] - tb) * STAMP, offset + (piece[-1] - tb) * STAMP, piece)
+                last = cut
+            if single_end:
+                return out, size
+            moved = int((toks[last - 1] - tb) * STAMP * RATE)
+            return out, moved if moved > 0 else size
+        stamps = [x for x in toks if x >= tb]
+        duration = (stamps[-1] - tb) * STAMP if stamps and stamps[-1] != tb else size / RATE
+        add(offset, offset + duration, toks)
+        return out, size
+
+
+def silent(t: _Try) -> bool:
+    """A window Whisper takes for silence: no speech likely and its text unlikely too."""
+    return t.no_speech_prob > NO_SPEECH and t.avg_logprob < LOGPROB_FLOOR

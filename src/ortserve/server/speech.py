@@ -1,0 +1,130 @@
+"""The server's Whisper models and their own bounded queue, beside the chat engines.
+
+Models load on first use (the PyPI Whisper-base is imported on first use when its packages are
+installed), count against the manager's memory budget like embedding models, and run in worker
+threads: ONNX Runtime releases the GIL, so chat streams go on while audio decodes. At most
+``audio_concurrency`` transcriptions run at once and ``audio_queue`` wait; past that, 429.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from ortserve.audio.whisper import WhisperModel
+from ortserve.errors import InvalidRequest, NotFound, Overloaded
+from ortserve.models.store import ModelStore, Variant
+from ortserve.models.whisper_import import PACKAGED_ID, import_packaged
+
+OPENAI_NAMES = ("whisper-1", "gpt-4o-transcribe", "gpt-4o-mini-transcribe", "default")
+
+
+class SpeechHolder:
+    def __init__(self, store: ModelStore, default: str = PACKAGED_ID, concurrency: int = 1, queue: int = 4) -> None:
+        self.store = store
+        self.default = default
+        self.concurrency = concurrency
+        self.queue = queue
+        self._loaded: dict[str, tuple[Variant, WhisperModel]] = {}
+        self._lock = threading.Lock()
+        self._slots = asyncio.Semaphore(concurrency)
+        self.admitted = 0               # running + waiting
+        self.manager: Any = None        # server/manager.ModelManager: budget, keep_alive, ps
+        self.metrics: tuple[Any, Any, Any] | None = None   # Prometheus series (bind_metrics)
+
+    def resolve(self, ref: str | None) -> Variant:
+        """The audio variant a request names: 404 unknown, 400 a model of another kind."""
+        ref = self.default if not ref or ref in OPENAI_NAMES else ref
+        hits = self.store.find(ref)
+        if not hits and ref == PACKAGED_ID:
+            return import_packaged(self.store)
+        if not hits:
+            raise NotFound(f"The model '{ref}' does not exist", param="model", code="model_not_found")
+        audio = [v for v in hits if v.kind == "audio"]
+        if not audio:
+            raise InvalidRequest(f"'{ref}' is a {hits[0].kind} model, not a speech-to-text model; "
+                                 f"use e.g. '{self.default}'", param="model", code="wrong_model_kind")
+        return min(audio, key=lambda v: v.precision != "int8")
+
+    def get(self, ref: str | None) -> tuple[Variant, WhisperModel]:
+        with self._lock:
+            v = self.resolve(ref)
+            if v.id not in self._loaded:
+                m = WhisperModel(v.model_dir)
+                self._loaded[v.id] = (v, m)
+                if self.manager is not None:
+                    self.manager.adopt_external(v.id, "audio", v.model_dir, m.memory_bytes(),
+                                                lambda vid=v.id: self.close(vid))
+            if self.manager is not None:
+                self.manager.touch(v.id)
+            return self._loaded[v.id]
+
+    def close(self, ref: str | None = None) -> None:
+        with self._lock:
+            for key in [k for k in self._loaded if ref is None or k == ref or k.split(":")[0] == ref]:
+                del self._loaded[key]
+
+    def reserve(self) -> None:
+        """A place among the running and waiting transcriptions; 429 when the queue is full."""
+        if self.admitted >= self.concurrency + self.queue:
+            raise Overloaded(f"{self.admitted} transcriptions are running or waiting; this server runs "
+                             f"{self.concurrency} at once and queues {self.queue} (ORTSERVE_AUDIO_QUEUE)")
+        self.admitted += 1
+
+    def release(self) -> None:
+        self.admitted -= 1
+
+    @asynccontextmanager
+    async def slot(self) -> AsyncIterator[None]:
+        """One of the ``concurrency`` running places (a reserved request waits here)."""
+        async with self._slots:
+            yield
+
+    def count(self, task: str, audio_seconds: float, spent: float) -> None:
+        """A finished transcription, into Prometheus: audio seconds and the real-time factor."""
+        if self.metrics is not None:
+            seconds, processing, rtf = self.metrics
+            seconds.labels(task).inc(audio_seconds)
+            processing.labels(task).inc(spent)
+            rtf.set(spent / max(audio_seconds, 1e-9))
+
+    def bind_metrics(self, registry: Any) -> None:
+        from prometheus_client import Counter, Gauge
+
+        self.metrics = (
+            Counter("ortserve_audio_seconds", "Seconds of audio transcribed or translated", ["task"], registry=registry),
+            Counter("ortserve_audio_processing_seconds", "Seconds spent decoding audio", ["task"], registry=registry),
+            Gauge("ortserve_audio_real_time_factor", "Processing over audio seconds, last request", registry=registry))
+
+
+async def stream_thread(produce: Callable[[], Iterator[Any]]) -> AsyncIterator[Any]:
+    """Items of a blocking iterator run in a worker thread, as they come (errors re-raised here)."""
+    loop = asyncio.get_running_loop()
+    q: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+    stop = threading.Event()
+
+    def work() -> None:
+        try:
+            for item in produce():
+                if stop.is_set():
+                    return
+                loop.call_soon_threadsafe(q.put_nowait, ("item", item))
+            loop.call_soon_threadsafe(q.put_nowait, ("done", None))
+        except Exception as exc:  # noqa: BLE001 - handed to the request: its own error, never the server's
+            loop.call_soon_threadsafe(q.put_nowait, ("error", exc))
+
+    task = loop.run_in_executor(None, work)
+    try:
+        while True:
+            kind, item = await q.get()
+            if kind == "done":
+                break
+            if kind == "error":
+                raise item
+            yield item
+    finally:
+        stop.set()        # a client gone: the worker stops after its current window
+        await asyncio.shield(task)
