@@ -100,8 +100,12 @@ def write(path: Path, c: dict[str, Any]) -> Path:
     if "rope_scaling" in c:
         w.add_rope_scaling_type(c["rope_scaling"])
     for key, f in src.fields.items():
-        if key.startswith("tokenizer."):
+        if key.startswith("tokenizer.") and not (key == "tokenizer.chat_template" and "template" in c):
             w.add_key_value(key, f.contents(), f.types[0], sub_type=f.types[-1] if len(f.types) > 1 else None)
+    if "template" in c:   # a real chat template from llama.cpp's models/templates
+        from tests.llamacpp import template
+
+        w.add_chat_template(template(c["template"]))
 
     def mat(name: str, qtype: str, rows: int, cols: int) -> None:
         w.add_tensor(name, quantized_bytes(rng, qtype, rows, cols), raw_dtype=Q[qtype])

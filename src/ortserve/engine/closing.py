@@ -2,7 +2,7 @@
 
 * ``JsonBudget`` (json_object / json_schema): when the tokens left to ``max_tokens`` come
   close to what the shortest way to close the JSON needs, the mask keeps only that way, so
-  the answer is a complete value when the budget runs out (finish reason "length").
+  the answer is a complete value when the budget runs out (finish reason "stop": it parses).
 * ``ToolBudget`` (a list of tool calls, engine/formats/): a call that repeats an earlier one
   ends the answer (finish reason "stop"); after a call, another starts only if the tokens
   left can hold one as long as the longest so far, else the end token is forced; a call whose
@@ -21,11 +21,14 @@ computations of a few microseconds each. docs/tools.md, "Answers that always par
 from __future__ import annotations
 
 import codecs
+import logging
 from typing import Any
 
 import numpy as np
 
-from ortserve.engine.formats import FALLBACK, FORMATS, LEAD, TOOL_MARK, ToolCallParser, ToolFormat
+from ortserve.engine.formats import FALLBACK, FORMATS, LEAD, MUST, TOOL_MARK, ToolCallParser, ToolFormat
+
+log = logging.getLogger(__name__)
 
 # Tokens kept beyond the closing path: one sampled token can open about this much structure
 # (a key and a string, a nested object) before the next check.
@@ -188,6 +191,12 @@ class Policy:
 class JsonBudget(Policy):
     """json_object / json_schema: close what is open before ``max_tokens`` runs out."""
 
+    # The finish reason when the budget closed the answer: "stop", because it is complete (it parses
+    # and matches the schema); "length" is kept for content that was cut and does not parse, as
+    # OpenAI means it, so the openai SDK's parse() takes a closed answer (docs/tools.md, "The finish rule")
+    closed_reason = "stop"
+    closed_early = False      # the budget closed the answer (the server log says so per request)
+
     def __init__(self, vocab: Vocab, max_tokens: int | None) -> None:
         super().__init__(vocab, max_tokens)
         self.plan: list[int] | None = None  # the closing path being followed
@@ -196,6 +205,10 @@ class JsonBudget(Policy):
 
     def adjust(self, matcher: Any, row: np.ndarray) -> None:
         self.cap_whitespace(row)
+        self.close_in_time(matcher, row)
+
+    def close_in_time(self, matcher: Any, row: np.ndarray) -> None:
+        """Near the end of the budget, keep only the shortest way to an accepting state."""
         if self.max_tokens is None:
             return
         left = self.left
@@ -213,6 +226,10 @@ class JsonBudget(Policy):
     def observe(self, token: int, matcher: Any) -> str:
         text = super().observe(token, matcher)
         self.scan.feed(text)
+        self.follow(token)
+        return text
+
+    def follow(self, token: int) -> None:
         if self.plan:
             if token != self.plan[0]:
                 self.plan = None  # a penalty or bias took another token: find the way again
@@ -220,16 +237,21 @@ class JsonBudget(Policy):
             else:
                 self.plan.pop(0)
                 if not self.plan:
-                    self.ended, self.finish_reason = True, "length"
-        return text
+                    self.ended, self.finish_reason, self.closed_early = True, self.closed_reason, True
+                    log.info("the answer was closed within max_tokens %s by the closing policy", self.max_tokens)
 
 
-class ToolBudget(Policy):
-    """A list of tool calls: a repeated call ends it; no call starts that the tokens left cannot hold."""
+class ToolBudget(JsonBudget):
+    """A list of tool calls: under ``required`` or a named tool (``must``) the first call closes
+    within ``max_tokens`` (``JsonBudget``'s closing, envelope included), so the answer always
+    holds a call that parses; a repeated call ends the list; no further call starts that the
+    tokens left cannot hold."""
 
-    def __init__(self, vocab: Vocab, max_tokens: int | None, fmt: ToolFormat = FALLBACK, lead: bool = False) -> None:
+    def __init__(self, vocab: Vocab, max_tokens: int | None, fmt: ToolFormat = FALLBACK, lead: bool = False,
+                 must: bool = False) -> None:
         super().__init__(vocab, max_tokens)
         self.parser = ToolCallParser(fmt, lead)
+        self.must = must      # required or a named tool: the first call is closed in time
         self.longest = 0      # tokens of the longest call so far (its envelope included)
         self._last_end = 0    # tokens used when the last call ended
         self._between = False  # the text ends with a complete call
@@ -237,13 +259,18 @@ class ToolBudget(Policy):
     def adjust(self, matcher: Any, row: np.ndarray) -> None:
         if self.parser.in_arguments:
             self.cap_whitespace(row)
-        if self._between and self.left < self.longest + MARGIN and allowed(row, self.vocab.eos):
-            only(row, self.vocab.eos)  # another call would be cut: end the list here
+        if self._between:
+            if self.left < self.longest + MARGIN and allowed(row, self.vocab.eos):
+                only(row, self.vocab.eos)  # another call would be cut: end the list here
+        elif self.must and not self.longest:
+            self.close_in_time(matcher, row)  # the first call ends in time
 
     def observe(self, token: int, matcher: Any) -> str:
-        text = super().observe(token, matcher)
+        text = Policy.observe(self, token, matcher)
         before = len(self.parser.content)
         self.parser.feed(text)
+        self.scan.feed(text)
+        self.follow(token)
         if not self.parser.calls and len(self.parser.content) > before:  # prose before the first call
             self._last_end = self.used - (not self.parser.in_prose)  # is not part of the call's length
         if self.parser.repeated:
@@ -258,11 +285,18 @@ class ToolBudget(Policy):
         return text
 
 
+def shortest_answer(matcher: Any, vocab: Vocab, limit: int) -> int | None:
+    """Tokens of the shortest way the closing policies know from a fresh matcher to an accepting
+    state (None past ``limit``): what a ``max_tokens`` must hold for the answer to parse."""
+    path = closing_path(matcher, vocab, limit, JsonScan())
+    return None if path is None else len(path)
+
+
 def policy_for(kind: str, text: str, vocab: Vocab, max_tokens: int | None) -> Policy | None:
     """The policy for a constraint: JSON output, a tool-call list, or none (a user's regex or grammar)."""
     if kind == "json_schema":
         return JsonBudget(vocab, max_tokens)
     if kind == "grammar" and text.startswith(TOOL_MARK):
         name, *flags = text[len(TOOL_MARK):text.find("\n")].split() or [""]  # the first line names the syntax
-        return ToolBudget(vocab, max_tokens, FORMATS.get(name, FALLBACK), LEAD in flags)
+        return ToolBudget(vocab, max_tokens, FORMATS.get(name, FALLBACK), LEAD in flags, MUST in flags)
     return None

@@ -151,6 +151,13 @@ class Guidance:
         policy = policy_for(constraint.kind, constraint.text, self.vocab, constraint.max_tokens)
         return Guide(proto.deep_copy(), self.vocab_size, policy)
 
+    def shortest(self, constraint: Constraint, limit: int = 4096) -> int | None:
+        """Tokens of the shortest answer the closing policies can end this constraint with
+        (engine/closing.py; None past ``limit``): a budget below it cannot hold a parseable answer."""
+        from ortserve.engine.closing import shortest_answer
+
+        return shortest_answer(self.guide(replace(constraint, max_tokens=None)).matcher, self.vocab, limit)
+
     def fill_masks(self, guides: list[tuple[Guide, int]], out: np.ndarray) -> None:
         """Write each guide's next-token mask into row ``i`` of ``out`` (in parallel threads)."""
         from llguidance.numpy import fill_next_token_bitmask_par
@@ -192,7 +199,8 @@ class Guide:
 
     @property
     def finish_reason(self) -> str:
-        """Why a stopped guide stopped: "length" when the JSON was closed early for the budget."""
+        """Why a stopped guide stopped: "stop" (complete), also where the budget closed it
+        (``policy.closed_early``; engine/closing.py)."""
         return self.policy.finish_reason if self.policy is not None else "stop"
 
 

@@ -78,7 +78,7 @@ class Postprocess:
         self.total_output_tokens += 1
         if seq.stop.stopped or (seq.guide is not None and seq.guide.stopped):
             self._emit(seq, text)
-            # "length" when the guide closed the JSON early for max_tokens (engine/closing.py)
+            # the guide ended it: complete (engine/closing.py closes JSON and required calls in time)
             self._finish(seq, seq.guide.finish_reason if seq.guide is not None and seq.guide.stopped else "stop")
         elif (len(seq.output_ids) >= seq.params.max_tokens
               or len(seq.prompt_ids) + len(seq.output_ids) >= self.runner.spec.context_length):

@@ -101,9 +101,20 @@ def constrain(engine: AsyncEngine, params: SamplingParams, constraint: Constrain
     if params.json_schema or params.regex or params.grammar:
         raise InvalidRequest("give one output constraint", param=constraint.param)
     engine.guidance.guide(constraint)  # compile (cached by content hash) or 400
+    if plan is not None and plan.calls_possible and plan.mode != "auto" and params.max_tokens is not None:
+        _call_fits(engine, constraint, params.max_tokens)
     if constraint.kind == "json_schema":
         return replace(params, json_schema=constraint.text)
     return replace(params, **{constraint.kind: constraint.text})
+
+
+def _call_fits(engine: AsyncEngine, constraint: Constraint, max_tokens: int) -> None:
+    """``required`` or a named tool means a call: a budget that cannot hold the shortest one is a
+    400 now, not an answer without a call later."""
+    need = engine.guidance.shortest(constraint, max(max_tokens, 4096))
+    if need is not None and need > max_tokens:
+        raise InvalidRequest(f"max_tokens {max_tokens} cannot hold a tool call: the shortest call this "
+                             f"tool_choice allows takes {need} tokens", param="max_tokens")
 
 
 def message_of(text: str, finish_reason: str, plan: ToolPlan | None) -> tuple[dict[str, Any], str]:

@@ -3,6 +3,7 @@
 from ortserve.engine.formats.base import (
            LEAD,
            MAX_PARALLEL_CALLS,
+           MUST,
            TOOL_MARK,
            Delta,
            Tool,
@@ -13,5 +14,5 @@ from ortserve.engine.formats.base import (
 from ortserve.engine.formats.parser import ToolCallParser
 from ortserve.engine.formats.registry import FALLBACK, FORMATS, by_name, choose, detect
 
-__all__ = ["FALLBACK", "FORMATS", "LEAD", "MAX_PARALLEL_CALLS", "TOOL_MARK", "Delta", "Tool", "ToolCall", "ToolCallParser",
+__all__ = ["FALLBACK", "FORMATS", "LEAD", "MAX_PARALLEL_CALLS", "MUST", "TOOL_MARK", "Delta", "Tool", "ToolCall", "ToolCallParser",
            "ToolFormat", "by_name", "choose", "detect", "new_call_id"]

@@ -31,6 +31,9 @@ from ortserve.engine.jsonlark import schema_lark
 TOOL_MARK = "// ortserve: tool calls"
 # after the format's name on that line: prose may come before the calls (``ToolFormat.lead_prose``)
 LEAD = "lead"
+# after the format's name: the answer must be a call (required or a named tool): its first call is
+# closed within max_tokens (engine/closing.py, ToolBudget)
+MUST = "must"
 # A small model rarely ends a list of calls by itself; a repeat ends it (engine/closing.py), and
 # the cap bounds a list of different calls that never ends.
 MAX_PARALLEL_CALLS = 4
@@ -168,7 +171,7 @@ class ToolFormat:
             lines += [f"think: {block}", "THOUGHT: /[\\s\\S]*/"]
             body = f"think ({body})" if first else f"think? ({body})"
         start = f"start: {body}" if mode == "auto" else "start: calls"
-        mark = f"{TOOL_MARK} {self.name}" + (f" {LEAD}" if lead else "")
+        mark = f"{TOOL_MARK} {self.name}" + (f" {LEAD}" if lead else "") + (f" {MUST}" if mode != "auto" else "")
         return "\n".join([mark, start, *lines, ""])
 
     @property
