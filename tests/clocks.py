@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from typing import Any, Self
 
 
 class ManualClock:
@@ -36,3 +37,37 @@ def wait_until(cond: Callable[[], object], timeout: float = 120.0, interval: flo
         if time.monotonic() >= deadline:
             return False
         time.sleep(interval)
+
+
+class EngineHold:
+    """Holds an engine's loop thread right after the first step that leaves a request running,
+    until :meth:`release`: a test then reads (or breaks) a request that is certainly mid-flight,
+    however fast the engine or however late the client reads its first chunk.
+
+        with EngineHold(engine.core) as hold:
+            ... send a request ...
+            assert hold.held.wait(120)   # the engine is between two steps, the request running
+            ... look, plant a fault, kill ...
+            hold.release()
+    """
+
+    def __init__(self, core: Any) -> None:
+        self.core, self.held, self.go = core, threading.Event(), threading.Event()
+        self._step = core.step
+
+    def _held_step(self) -> None:
+        self._step()
+        if not self.held.is_set() and self.core.running:
+            self.held.set()
+            self.go.wait(600)  # a safety net: a test that forgets to release still ends
+
+    def release(self) -> None:
+        self.go.set()
+
+    def __enter__(self) -> Self:
+        self.core.step = self._held_step
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.go.set()
+        self.core.__dict__.pop("step", None)

@@ -8,12 +8,12 @@ import json
 import logging
 import re
 import shutil
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+from clocks import EngineHold, wait_until
 from servers import ServerThread
 from starlette.routing import Route
 
@@ -150,24 +150,24 @@ def test_a_client_that_leaves_a_non_streaming_request_is_a_cancel(srv: ServerThr
         body = {"messages": MSG, "max_tokens": 400, "min_tokens": 400, "temperature": 0}
 
         async def leave() -> None:
-            async with httpx.AsyncClient(base_url=srv.url) as c:
-                task = asyncio.ensure_future(c.post("/v1/chat/completions", json=body, timeout=60))
-                while srv.state.engine.stats().running == 0:  # event: generation has started
-                    await asyncio.sleep(0.01)
-                task.cancel()  # hang up mid-generation
-                with pytest.raises(asyncio.CancelledError):
-                    await task
+            # the engine holds after a step that leaves the request running: the hang-up lands
+            # mid-generation on any machine (a fast one could finish 400 tokens between two polls)
+            with EngineHold(srv.state.engine.core) as hold:
+                async with httpx.AsyncClient(base_url=srv.url) as c:
+                    task = asyncio.ensure_future(c.post("/v1/chat/completions", json=body, timeout=120))
+                    while not hold.held.is_set():  # event: generation has started
+                        await asyncio.sleep(0.01)
+                    task.cancel()  # hang up mid-generation
+                    with pytest.raises(asyncio.CancelledError):
+                        await task
+                    hold.release()
 
         asyncio.run(leave())
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            after = httpx.get(f"{srv.url}/metrics").text
-            if _metric(after, "499") > _metric(before, "499"):
-                break
-            time.sleep(0.05)
+        assert wait_until(lambda: _metric(httpx.get(f"{srv.url}/metrics").text, "499") > _metric(before, "499"))
+        after = httpx.get(f"{srv.url}/metrics").text
         assert _metric(after, "499") == _metric(before, "499") + 1
         assert _metric(after, "500") == _metric(before, "500")
-        assert srv.wait_idle(timeout=20).running == 0
+        assert srv.wait_idle().running == 0
         gc.collect()  # an abandoned future logs 'exception was never retrieved' when collected
     finally:
         for lg in loggers:
@@ -181,15 +181,19 @@ def test_a_queued_stream_gets_pings_and_clients_still_parse_it(tiny_model: Path)
 
     import openai
 
-    with ServerThread(tiny_model, max_batch=1, sse_ping_seconds=0.05, max_tokens_cap=512) as s:
+    with ServerThread(tiny_model, max_batch=1, sse_ping_seconds=0.05, max_tokens_cap=512) as s, \
+            EngineHold(s.state.engine.core) as hold:
         long = threading.Thread(target=httpx.post, args=(f"{s.url}/v1/chat/completions",), kwargs={
             "json": {"messages": MSG, "max_tokens": 500, "min_tokens": 500}, "timeout": 120})
         long.start()
-        while s.state.engine.stats().running == 0:  # event: the batch slot is taken
-            time.sleep(0.01)
+        assert hold.held.wait(120)  # event: the batch slot is taken, and stays taken until released
         body = {"messages": MSG, "max_tokens": 4, "stream": True}
         with httpx.stream("POST", f"{s.url}/v1/chat/completions", json=body, timeout=120) as r:
-            lines = list(r.iter_lines())
+            lines = []
+            for line in r.iter_lines():  # queued behind the held one: silence, so pings
+                lines.append(line)
+                if line == ": ping":
+                    hold.release()
         assert ": ping" in lines and "data: [DONE]" in lines
         assert lines.index(": ping") < lines.index("data: [DONE]")
         client = openai.OpenAI(base_url=f"{s.url}/v1", api_key="x", max_retries=0)

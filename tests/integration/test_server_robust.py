@@ -5,19 +5,24 @@ process and the next request succeeds; per-request deadlines; KV-budget and cont
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 
 import httpx
 import pytest
+from clocks import EngineHold, ManualClock, wait_until
 from servers import ServerThread
 
 MSG = [{"role": "user", "content": "hello"}]
 
 
+STALL_TIMEOUT = 60.0  # no real step of a loaded machine comes near it; the stall test moves the clock
+
+
 @pytest.fixture(scope="module")
 def srv(tiny_model: Path):
-    with ServerThread(tiny_model, max_length=192, default_max_tokens=512, stall_timeout=2.5) as s:
+    with ServerThread(tiny_model, max_length=192, default_max_tokens=512, stall_timeout=STALL_TIMEOUT) as s:
         yield s
 
 
@@ -36,16 +41,20 @@ def wait_health(srv: ServerThread, status: int, timeout: float = 30.0) -> dict:
 
 
 def check_restart_cycle(srv: ServerThread, breaker, reason_word: str) -> list[dict]:
-    """Start a stream, break the engine, watch /healthz go 503 and back; returns the stream's events."""
+    """Start a stream, break the engine while it runs, watch /healthz go 503 and back; returns the
+    stream's events. The engine is held between two steps while ``breaker(core)`` runs, so the
+    request is mid-flight whatever the machine's speed (150 tokens once ended before a loaded
+    client read its first chunk)."""
     restarts = srv.state.engine.watchdog.restarts
+    core = srv.state.engine.core
     body = {"messages": MSG, "stream": True, "max_tokens": 150, "min_tokens": 150, "temperature": 0}
-    with httpx.stream("POST", f"{srv.url}/v1/chat/completions", json=body, timeout=60) as resp:
+    with EngineHold(core) as hold, httpx.stream("POST", f"{srv.url}/v1/chat/completions", json=body,
+                                                 timeout=120) as resp:
         assert resp.status_code == 200
         lines = resp.iter_lines()
-        for line in lines:  # wait for a content chunk: it is generating
-            if line.startswith("data: ") and json.loads(line[6:])["choices"][0]["delta"].get("content"):
-                break
-        breaker()
+        assert hold.held.wait(120)  # the request is running, the engine between two steps
+        breaker(core)
+        hold.release()
         health = wait_health(srv, 503)
         assert health["status"] == "unavailable" and reason_word in health["reason"]
         r = post(srv, {"messages": MSG, "max_tokens": 4})
@@ -59,18 +68,25 @@ def check_restart_cycle(srv: ServerThread, breaker, reason_word: str) -> list[di
 
 
 def test_killed_engine_thread_restarts_and_serves_again(srv: ServerThread) -> None:
-    events = check_restart_cycle(srv, srv.state.engine.core.kill, "died")
+    events = check_restart_cycle(srv, lambda core: core.kill(), "died")
     errors = [e["error"] for e in events if "error" in e]
     assert errors and "restarting" in errors[0]["message"] and errors[0]["code"] == "engine_restart"
 
 
 def test_stalled_step_restarts_and_serves_again(srv: ServerThread) -> None:
-    def stall() -> None:  # the running request's next model call hangs for 6 s (stall_timeout is 2.5 s)
-        core = srv.state.engine.core
-        for seq in list(core.running):
-            core.plant_fault(seq.id, "6", "stall")  # type: ignore[arg-type]
+    release = threading.Event()
 
-    events = check_restart_cycle(srv, stall, "stalled")
+    def stall(core) -> None:  # the running request's next model call hangs until released ...
+        clock = core.clock = ManualClock()
+        for seq in list(core.running):
+            core.plant_fault(seq.id, release, "stall")  # type: ignore[arg-type]
+        threading.Thread(target=lambda: wait_until(lambda: not core.faults) and clock.advance(STALL_TIMEOUT + 1),
+                         daemon=True).start()  # ... and, once it hangs, for longer than stall_timeout
+
+    try:
+        events = check_restart_cycle(srv, stall, "stalled")
+    finally:
+        release.set()  # the abandoned thread returns from its step and exits
     assert any("error" in e and e["error"]["code"] == "engine_restart" for e in events)
 
 

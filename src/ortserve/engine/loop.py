@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 log = logging.getLogger("ortserve.engine")
 
@@ -29,7 +30,8 @@ class EngineThread:
         self._aborts: set[str] = set()
         self._stop = False
         self._thread: threading.Thread | None = None
-        self.step_started: float | None = None  # monotonic time the current step began
+        self.clock: Callable[[], float] = time.monotonic  # what stalls are timed by (tests: a manual one)
+        self.step_started: float | None = None  # clock() when the current step began
         self.died: str | None = None             # why the loop thread ended abnormally
         # Tests: faults planted per request. "step" makes any model call that includes the
         # request's row raise (as a broken kernel would); "postprocess" makes its sampling raise.
@@ -71,7 +73,8 @@ class EngineThread:
 
     def plant_fault(self, request_id: str, exc: BaseException, where: str = "step") -> None:
         """Tests: ``where`` is "step" (its model calls raise ``exc``), "postprocess" (its sampling
-        raises ``exc``) or "stall" (its next model call sleeps ``str(exc)`` seconds, once)."""
+        raises ``exc``) or "stall" (its next model call sleeps ``str(exc)`` seconds, once; or, given a
+        ``threading.Event``, blocks until it is set: a stall that lasts exactly as long as the test says)."""
         self.faults[request_id] = (where, exc)
 
     def kill(self, exc: BaseException | None = None) -> None:
@@ -88,7 +91,7 @@ class EngineThread:
     def stalled_for(self) -> float:
         """Seconds the current step has been running (0 when idle)."""
         started = self.step_started
-        return time.monotonic() - started if started is not None else 0.0
+        return self.clock() - started if started is not None else 0.0
 
     def check_fault(self, request_id: str, where: str) -> None:
         """Tests: raise (or stall) here if a fault was planted for this request and place."""
@@ -97,7 +100,11 @@ class EngineThread:
             return
         if where == "step" and planted[0] == "stall":  # tests: a kernel that hangs for a while
             self.faults.pop(request_id, None)
-            time.sleep(float(str(planted[1])))
+            stall: object = planted[1]
+            if isinstance(stall, threading.Event):
+                stall.wait()
+            else:
+                time.sleep(float(str(stall)))
         elif planted[0] == where:
             raise planted[1]
 
@@ -113,7 +120,7 @@ class EngineThread:
                     if self._stop and not self.has_work():
                         return
                     aborts, self._aborts = self._aborts, set()
-                self.step_started = time.monotonic()
+                self.step_started = self.clock()
                 try:
                     self.apply_aborts(aborts)
                     self.step()
