@@ -163,6 +163,11 @@ def test_create_copy_keep_alive_delete(client: ollama.Client, tiny_model: Path) 
     assert e.value.status_code == 404
     assert client.delete("tiny-created").status == "success"
     assert not any(m.model.startswith("tiny-created") for m in client.list().models)
+    # pull of a local path: the import's progress as NDJSON lines, then success; again: already there
+    statuses = [p.status for p in client.pull(str(tiny_model), stream=True)]
+    assert statuses[-1] == "success" and any("measuring" in st for st in statuses[:-1])
+    assert client.pull("model").status == "success"  # the id comes from the directory's name
+    assert client.delete("model").status == "success"
     loaded = client.chat(model=NAME, messages=[])  # an empty chat loads the model
     assert loaded.done_reason == "load"
 
