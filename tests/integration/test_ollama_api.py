@@ -150,6 +150,7 @@ def test_create_copy_keep_alive_delete(client: ollama.Client, tiny_model: Path) 
     assert done.status == "success"
     assert any(m.model.startswith("tiny-created:") for m in client.list().models)
     assert client.copy("tiny-created", "tiny-copy").status == "success"
+    assert "tiny-copy" in [m.model for m in client.list().models]
     r = client.generate(model="tiny-copy", prompt="hi", keep_alive="10m", options={"num_predict": 2})
     assert r.done and r.eval_count == 2
     row = next(m for m in client.ps().models if m.model.startswith("tiny-created"))
@@ -158,6 +159,7 @@ def test_create_copy_keep_alive_delete(client: ollama.Client, tiny_model: Path) 
     assert unloaded.done_reason == "unload"
     assert not any(m.model.startswith("tiny-created") for m in client.ps().models)
     assert client.delete("tiny-copy").status == "success"
+    assert "tiny-copy" not in [m.model for m in client.list().models]
     with pytest.raises(ollama.ResponseError) as e:
         client.show("tiny-copy")
     assert e.value.status_code == 404

@@ -90,12 +90,15 @@ async def tags(request: Request) -> dict[str, Any]:
 
 
 def tag_list(st: ServerState) -> list[dict[str, Any]]:
-    """The pinned model first (under the name it was started with), then every store model."""
+    """The pinned model first (under the name it was started with), then every store model, then the
+    names /api/copy gave (once each, with the details of a variant they name)."""
     engine = st.ready_engine()
     pinned = Path(engine.model.dir).resolve()
     known = _by_dir(st)
     models = [entry(engine.model_id, known.get(pinned), pinned)]
-    return models + [entry(v.model if v.kind == "adapter" else v.id, v, d) for d, v in known.items() if d != pinned]
+    models += [entry(v.model if v.kind == "adapter" else v.id, v, d) for d, v in known.items() if d != pinned]
+    named = {c: (v, d) for d, v in known.items() for c in copies(v)}
+    return models + [entry(c, v, d) for c, (v, d) in sorted(named.items())]
 
 
 def locate(st: ServerState, name: str) -> tuple[str, Path, Variant | None]:
@@ -190,16 +193,21 @@ def new_name(name: str, param: str) -> str:
     return name
 
 
-def add_alias(st: ServerState, source: str, dest: str, param: str = "source") -> None:
+def copies(v: Variant) -> list[str]:
+    """The names /api/copy gave a model (aliases the tags list shows as models of their own)."""
+    return list(v.notes.get("ollama_copies", []))
+
+
+def add_alias(st: ServerState, source: str, dest: str, params: tuple[str, str] = ("source", "destination")) -> None:
     store = _store(st)
     hits = store.find(model_ref(source))
     if not hits:
-        raise NotFound(f"model '{source}' not found (copies are of store models)", param=param,
+        raise NotFound(f"model '{source}' not found (copies are of store models)", param=params[0],
                        code="model_not_found")
     if store.find(dest):
-        raise InvalidRequest(f"'{dest}' already names a model; delete it first", param="destination")
+        raise InvalidRequest(f"'{dest}' already names a model; delete it first", param=params[1])
     for v in hits:
-        store.update_manifest(v, aliases=[*v.aliases, dest])
+        store.update_manifest(v, aliases=[*v.aliases, dest], notes={**v.notes, "ollama_copies": [*copies(v), dest]})
 
 
 @router.post("/api/copy")
@@ -216,7 +224,8 @@ async def delete(body: DeleteRequest, request: Request) -> JSONResponse:
     name, store = body.ref(), _store(st)
     named = [v for v in store.variants() if name in v.aliases]
     for v in named:
-        store.update_manifest(v, aliases=[a for a in v.aliases if a != name])
+        store.update_manifest(v, aliases=[a for a in v.aliases if a != name],
+                              notes={**v.notes, "ollama_copies": [c for c in copies(v) if c != name]})
     if st.manager is not None:
         st.manager.aliases.pop(name, None)
     if named:
@@ -325,5 +334,5 @@ async def create(body: CreateRequest, request: Request) -> Any:
         if ":" in name:
             raise InvalidRequest("an imported model's name has no ':tag' (its variants get theirs)", param="model")
         return await progress(_import(st, source_path(body.from_, "from"), name), body.stream)
-    add_alias(st, body.from_, name, "from")
+    add_alias(st, body.from_, name, ("from", "model"))
     return await progress(lambda _p: None, body.stream)
