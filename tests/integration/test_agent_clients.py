@@ -111,7 +111,7 @@ def test_responses_parse(oai: OpenAI) -> None:
 
 def test_responses_bad_input(oai: OpenAI) -> None:
     with pytest.raises(BadRequestError) as e:
-        oai.responses.create(model="default", input="hi", tools=[{"type": "web_search"}])
+        oai.responses.create(model="default", input="hi", tools=[{"type": "local_shell"}])  # hosted web_search: test_hosted_tools.py
     assert e.value.body["param"] == "tools.0.type"
     with pytest.raises(BadRequestError) as e:
         oai.responses.create(model="default", input="hi", extra_body={"frobnicate": 1})

@@ -31,6 +31,7 @@ from ortserve.server.conversation import (
     count_prompt,
     error_of,
 )
+from ortserve.server.hosted_tools import Hosted, is_anthropic_server_tool, note_dropped
 from ortserve.server.protocol import _Contract
 from ortserve.server.sse import SSE_HEADERS, EventStream, sse_event
 from ortserve.server.state import ServerState, state_of
@@ -151,13 +152,15 @@ def tools_of(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
         return None
     out = []
     for i, t in enumerate(tools):
+        if is_anthropic_server_tool(t):  # web search, fetch, code execution: not offered offline (hosted_tools.py)
+            continue
         if not isinstance(t, dict) or "input_schema" not in t:
             kind = t.get("type") if isinstance(t, dict) else None
             raise InvalidRequest(f"'tools.{i}' must be a custom tool with 'name' and 'input_schema' (server tools "
                                  f"such as {kind!r} are not supported offline)", param=f"tools.{i}")
         out.append({"type": "function", "function": {"name": t.get("name"), "description": t.get("description", ""),
                                                       "parameters": t["input_schema"]}})
-    return out
+    return out or None  # only server tools: none offered
 
 
 def choice_of(choice: dict[str, Any] | None) -> tuple[Any, bool | None]:
@@ -236,7 +239,10 @@ async def create_message(body: MessagesRequest, request: Request) -> Any:
     st = state_of(request)
     st.ready_engine()
     _check(st, body)
+    dropped = list(dict.fromkeys(t["type"] for t in body.tools or [] if is_anthropic_server_tool(t)))
+    note_dropped(dropped, "/v1/messages")
     conv = await Conversation.start(st, turn_of(body), span_of(request))
+    conv.headers.update(Hosted(dropped).headers())
     mid = f"msg_{uuid.uuid4().hex[:24]}"
     if body.stream:
         return EventStream(_events(conv, mid), media_type="text/event-stream", headers={**SSE_HEADERS, **conv.headers})

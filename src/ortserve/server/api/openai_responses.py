@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse
 from pydantic import Field
 
 from ortserve.errors import InvalidRequest, NotFound, OrtServeError
+from ortserve.server.api.responses_hosted import RESULTS, file_search_events, with_hosted
 from ortserve.server.api.responses_input import choice_of, format_of, messages_of, namespaces_of, tools_of
 from ortserve.server.conversation import (
     CallArguments,
@@ -32,6 +33,7 @@ from ortserve.server.conversation import (
     Usage,
     error_of,
 )
+from ortserve.server.hosted_tools import note_dropped
 from ortserve.server.protocol import OPENAI_IGNORED, _Contract
 from ortserve.server.responses_store import ResponseStore
 from ortserve.server.sse import SSE_HEADERS, EventStream, sse_event
@@ -41,8 +43,9 @@ from ortserve.telemetry import span_of
 
 router = APIRouter()
 
-# Values of `include` that ask for nothing these models produce (there is no reasoning to encrypt).
-INCLUDE_NOTHING = {"reasoning.encrypted_content"}
+# Values of `include` that ask for nothing these models produce (there is no reasoning to encrypt,
+# no web search runs offline); "file_search_call.results" asks for the local search's results.
+INCLUDE_NOTHING = {"reasoning.encrypted_content", "web_search_call.action.sources", "web_search_call.results"}
 
 
 class ResponsesRequest(_Contract):
@@ -92,7 +95,7 @@ def history_of(st: ServerState, body: ResponsesRequest, owner: str | None = None
 
 def turn_of(body: ResponsesRequest, history: list[dict[str, Any]]) -> ChatTurn:
     for v in body.include or []:
-        if v not in INCLUDE_NOTHING:
+        if v not in INCLUDE_NOTHING and v != RESULTS:
             raise InvalidRequest(f"'include' value {v!r} is not supported", param="include")
     system = [{"role": "system", "content": body.instructions}] if body.instructions else []
     return ChatTurn(messages=system + history + messages_of(body.input), model=body.model,
@@ -127,8 +130,10 @@ def usage_of(u: Usage) -> dict[str, Any]:
 class Shape:
     """The response object and its items for one request."""
 
-    def __init__(self, body: ResponsesRequest, model: str) -> None:
+    def __init__(self, body: ResponsesRequest, model: str, warnings: list[str] | None = None) -> None:
         self.body = body
+        self.warnings = warnings or []  # hosted tools left out (server/hosted_tools.py)
+        self.pre: list[dict[str, Any]] = []  # output items made before generation (a file_search_call)
         self.id = f"resp_{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.model = model
@@ -145,7 +150,7 @@ class Shape:
                 "store": b.store, "temperature": b.temperature, "top_p": b.top_p,
                 "text": {"format": fmt}, "tool_choice": b.tool_choice or "auto", "tools": b.tools or [],
                 "truncation": "disabled", "usage": usage_of(usage) if usage else None, "user": None,
-                "metadata": b.metadata or {}}
+                "metadata": b.metadata or {}} | ({"ortserve_warnings": self.warnings} if self.warnings else {})
 
 
 def message_item(text: str, status: str = "completed", mid: str | None = None) -> dict[str, Any]:
@@ -186,18 +191,22 @@ async def create_response(body: ResponsesRequest, request: Request) -> Any:
     owner = owner_of(request)   # the key's tenant (server/tenancy.py); None sees every stored response
     history = history_of(st, body, owner)
     turn = turn_of(body, history)
+    asked, pre, hosted = await with_hosted(request, body, turn)  # a file_search runs here, before the model
+    note_dropped(hosted.dropped, "/v1/responses")
     try:
-        conv = await Conversation.start(st, turn, span_of(request))
+        conv = await Conversation.start(st, asked, span_of(request))
     except InvalidRequest as err:
         if err.param and err.param.startswith("tools.") and ".function." in err.param:
             err.param = err.param.replace(".function.", ".")
         raise
-    shape = Shape(body, conv.model)
+    shape = Shape(body, conv.model, hosted.warnings())
+    shape.pre = pre
+    conv.headers.update(hosted.headers())
     if body.stream:
         return EventStream(_events(st, conv, shape, turn, owner), media_type="text/event-stream",
                            headers={**SSE_HEADERS, **conv.headers})
     [c] = await conv.choices(request)
-    output = output_of(c, namespaces_of(body.tools))
+    output = pre + output_of(c, namespaces_of(body.tools))
     resp = shape.response("incomplete" if c.finish_reason == "length" else "completed", output,
                           conv.usage([c.metrics]), c.finish_reason)
     if body.store:
@@ -216,7 +225,10 @@ async def _events(st: ServerState, conv: Conversation, shape: Shape, turn: ChatT
 
     yield event("response.created", response=shape.response("in_progress", [], None))
     yield event("response.in_progress", response=shape.response("in_progress", [], None))
-    output: list[dict[str, Any]] = []
+    for i, item in enumerate(shape.pre):  # a search that ran before generation
+        for e in file_search_events(item, i, event):
+            yield e
+    output: list[dict[str, Any]] = list(shape.pre)
     text: dict[str, Any] | None = None  # the open message item
     calls: dict[int, dict[str, Any]] = {}
 

@@ -8,10 +8,16 @@ import uuid
 from typing import Any
 
 from ortserve.errors import InvalidRequest
+from ortserve.server.hosted_tools import OPENAI_OFFLINE
 
-# Built-in OpenAI tools: each needs a service ortserve does not run (offline), so a 400 names it.
-BUILT_IN = {"web_search", "web_search_preview", "file_search", "computer_use_preview", "computer",
-            "code_interpreter", "image_generation", "mcp", "local_shell", "shell", "apply_patch", "custom"}
+# Tools the client runs in a syntax these models do not speak: a 400 names them. The hosted tools
+# (web_search, file_search...) are server/hosted_tools.py's: left out with a warning, or run locally.
+BUILT_IN = {"local_shell", "shell", "apply_patch", "custom"}
+HOSTED = OPENAI_OFFLINE | {"file_search"}
+# output items of hosted tools that a client sends back in its history: the model's context has them
+# already (the search results were given to it), so they add no message
+HOSTED_ITEMS = {"file_search_call", "web_search_call", "image_generation_call", "code_interpreter_call",
+                "computer_call", "mcp_call", "mcp_list_tools"}
 
 
 def _text_of(content: Any, where: str) -> str:
@@ -59,6 +65,8 @@ def messages_of(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
             output = item.get("output")
             text = output if isinstance(output, str) else _text_of(output, f"{where}.output")
             out.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": text})
+        elif kind in HOSTED_ITEMS:
+            continue
         elif kind == "reasoning":  # the text of a thinking model's reasoning item; an encrypted one has none
             thought += "".join(p.get("text", "") for p in item.get("content") or []
                                if isinstance(p, dict) and p.get("type") == "reasoning_text")
@@ -94,9 +102,11 @@ def tools_of(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
     out = []
     for where, t in flat(tools):
         kind = t.get("type") if isinstance(t, dict) else None
+        if kind in HOSTED:  # not offered to the model (responses_hosted.py)
+            continue
         if kind in BUILT_IN:
-            raise InvalidRequest(f"the built-in tool {kind!r} is not supported by ortserve (offline, no "
-                                 "hosted tools); declare a function tool instead", param=f"{where}.type",
+            raise InvalidRequest(f"the built-in tool {kind!r} is not supported by ortserve (the served models "
+                                 "have no syntax for it); declare a function tool instead", param=f"{where}.type",
                                  code="unsupported_parameter")
         if kind != "function":
             raise InvalidRequest(f"'{where}.type' must be 'function' or 'namespace'", param=f"{where}.type")
@@ -108,6 +118,8 @@ def tools_of(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
 def choice_of(choice: Any) -> Any:
     if isinstance(choice, dict) and choice.get("type") == "function":
         return {"type": "function", "function": {"name": choice.get("name")}}
+    if isinstance(choice, dict) and choice.get("type") == "file_search":
+        return "auto"  # the search runs before the model answers (server/hosted_tools.py)
     return choice
 
 

@@ -17,6 +17,7 @@ from pydantic import Field, StrictBool, StrictInt
 
 from ortserve.errors import InvalidRequest
 from ortserve.server.api.openai_responses import ResponsesRequest, _check_model, history_of, turn_of
+from ortserve.server.api.responses_hosted import with_hosted
 from ortserve.server.conversation import count_prompt
 from ortserve.server.protocol import Message, _Contract
 from ortserve.server.state import state_of
@@ -77,8 +78,9 @@ async def input_tokens(body: ResponsesRequest, request: Request) -> Any:
     st.ready_engine()
     _check_model(st, body.model)
     turn = turn_of(body, history_of(st, body, owner_of(request)))   # another key's response: a 404
+    asked, _, _ = await with_hosted(request, body, turn)  # a file_search's results are part of the prompt
     try:
-        n = await count_prompt(st, turn)
+        n = await count_prompt(st, asked)
     except InvalidRequest as err:
         if err.param and err.param.startswith("tools.") and ".function." in err.param:
             err.param = err.param.replace(".function.", ".")
