@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -427,11 +426,10 @@ def test_timeout_is_a_deadline_over_the_whole_routed_answer(anth: FakeCloud, oro
     router = make_router(anth, orouter, tmp_path, anthropic={"timeout": 5}, openrouter={"timeout": 5})
     slow = req(params=SamplingParams(max_tokens=8, timeout=0.3))
     for call in (lambda: router.chat(slow), lambda: collect(router, slow)):
-        anth.script.append("timeout")  # the fake answers after 3 s; the provider would wait 5
-        t0 = time.monotonic()
-        with pytest.raises(RequestTimeout) as info:
+        anth.script.append("timeout")  # the fake answers, fine, after 3 s; the provider would wait 5
+        with pytest.raises(RequestTimeout) as info:  # so a 504 at all is the deadline's decision
             go(router, call())
-        assert time.monotonic() - t0 < 2.5 and info.value.status == 504 and info.value.code == "timeout"
+        assert info.value.status == 504 and info.value.code == "timeout"
     assert orouter.requests == []
     res = go(router, router.chat(req(params=SamplingParams(max_tokens=8, timeout=30))))
     assert res.provider == "anthropic" and "timeout" not in anth.body  # not a field of the protocol

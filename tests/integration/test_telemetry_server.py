@@ -94,7 +94,7 @@ def after_traffic(served: tuple[str, Path, Any]) -> tuple[Path, dict[str, int]]:
     sent = {"/v1/chat/completions": 4, "/v1/completions": 1, "/v1/chat": 1, "/v1/chat/stream": 1}
     # A streamed response's span ends when the server's side of the stream closes, which can
     # come a moment after the client read [DONE]: flush until every request's span is written.
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 120  # a safety net only: the loop ends when every span is written
     while True:
         state.telemetry.force_flush()
         spans = _records(directory, "traces", "resourceSpans", "scopeSpans", "spans")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import sqlite3
+import threading
 import time
 from pathlib import Path
 
@@ -83,15 +84,28 @@ def test_file_batch_create_and_poll_and_upload_and_poll(srv: ServerThread, tmp_p
     assert client.vector_stores.retrieve(vs.id).file_counts.completed == 4
 
 
-def test_cancel_a_batch(srv: ServerThread) -> None:
+def test_cancel_a_batch(srv: ServerThread, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ortserve.server.rag_access import open_rag
+
+    # The worker waits for the cancel before it looks at a file: the cancel lands before any
+    # file is done on every machine (a fast worker could finish all five before it, a slow one none).
+    rag, cancelled = open_rag(srv.state), threading.Event()
+    process = rag.process
+
+    def after_the_cancel(vid: str, fid: str, stop: threading.Event | None = None) -> None:
+        cancelled.wait(120)
+        process(vid, fid, stop)
+
+    monkeypatch.setattr(rag, "process", after_the_cancel)
     client = _client(srv)
     vs = client.vector_stores.create(name="cancel")
     ids = [client.files.create(file=(f"c{i}.txt", io.BytesIO(_doc(f"cancelword{i}", 12))), purpose="assistants").id
            for i in range(5)]
     b = client.vector_stores.file_batches.create(vector_store_id=vs.id, file_ids=ids)
     c = client.vector_stores.file_batches.cancel(b.id, vector_store_id=vs.id)
+    cancelled.set()
     assert c.status == "cancelled"
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 120
     while c.file_counts.in_progress and time.monotonic() < deadline:
         time.sleep(0.2)
         c = client.vector_stores.file_batches.retrieve(b.id, vector_store_id=vs.id)

@@ -119,7 +119,7 @@ def test_worker_resumes_pending_files_and_bounds_its_queue(env: tuple[RagStore, 
     w = IngestWorker(rag, max_queued=4)
     w.start()
     try:
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 120  # the event: nothing pending; the bound only guards a hang
         while rag.pending() and time.monotonic() < deadline:
             time.sleep(0.05)
         assert all(rag.vs_file(vid, f)["status"] == "completed" for f in fids)

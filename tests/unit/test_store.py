@@ -5,11 +5,11 @@ from __future__ import annotations
 import errno
 import json
 import multiprocessing as mp
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.clocks import wait_until
 
 from ortserve.errors import NotFound, StoreError
 from ortserve.models import convert, importer
@@ -144,10 +144,16 @@ def test_linked_variant_hashes_and_verifies_the_target(tmp_path: Path) -> None:
 
 
 def _install_slowly(root: str, counter: str) -> str:
+    log = Path(counter)
+    with log.open("a", encoding="utf-8") as f:
+        f.write("calling\n")
+
     def build(tmp: Path) -> dict[str, Any]:
-        with Path(counter).open("a", encoding="utf-8") as f:
+        with log.open("a", encoding="utf-8") as f:
             f.write("built\n")
-        time.sleep(1.0)
+        # the event, not a sleep: the other process has called install too, so it queues on
+        # the lock this build holds (spawning it can take seconds on a loaded machine)
+        assert wait_until(lambda: log.read_text(encoding="utf-8").count("calling") == 2)
         return write_files(tmp)
 
     return ModelStore(Path(root)).install("m", "int8-cpu", build).id

@@ -8,7 +8,7 @@ import os
 import socket
 import subprocess
 import sys
-import time
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -122,10 +122,30 @@ def test_unreachable_hub_fails_fast(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
     for var in ("https_proxy", "HTTPS_PROXY"):
         monkeypatch.delenv(var, raising=False)
-    t0 = time.monotonic()
-    with pytest.raises(OfflineError, match="unreachable"):
+    with pytest.raises(OfflineError, match="unreachable"):  # refused: one probe, no retry
         require_hub("microsoft/phi-2", timeout=2.0)
-    assert time.monotonic() - t0 < 5
+
+
+def test_a_hub_probe_that_hangs_is_given_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """"Fails fast" as a decision, not a duration: a probe that never answers (a stuck resolver,
+    a silent firewall) is abandoned after its timeout while it still hangs."""
+    from ortserve.models import catalog
+
+    hanging, release = threading.Event(), threading.Event()
+
+    def never_answers(address: object, timeout: float) -> None:
+        hanging.set()
+        release.wait(120)
+        raise OSError("released")
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(catalog.socket, "create_connection", never_answers)
+    try:
+        with pytest.raises(OfflineError, match="unreachable"):
+            require_hub("microsoft/phi-2", timeout=0.05)
+        assert hanging.is_set() and not release.is_set()  # given up while the probe still hung
+    finally:
+        release.set()
 
 
 def test_pull_offline_in_a_subprocess(tmp_path: Path) -> None:
@@ -136,14 +156,13 @@ def test_pull_offline_in_a_subprocess(tmp_path: Path) -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     cases = [{"HF_HUB_OFFLINE": "1"}, {"HF_ENDPOINT": f"http://127.0.0.1:{port}"}]
-    for extra in cases:
-        t0 = time.monotonic()
+    for extra in cases:  # "fast" is the probe's decision (the test above); 300 s only guards a hang
         p = subprocess.run([sys.executable, "-m", "ortserve.cli.models", "pull", "qwen2-0.5b-instruct"],
-                           check=False, env={**env, **extra}, capture_output=True, text=True, timeout=60, encoding="utf-8", errors="replace")
+                           check=False, env={**env, **extra}, capture_output=True, text=True, timeout=300,
+                           encoding="utf-8", errors="replace")
         assert p.returncode != 0, p.stderr
         assert p.stderr.startswith("error: cannot download Qwen/Qwen2-0.5B-Instruct: this machine is offline")
         assert len(p.stderr.strip().splitlines()) == 1
-        assert time.monotonic() - t0 < 20
     assert not list((tmp_path / "home").glob("models/*--*"))
 
 

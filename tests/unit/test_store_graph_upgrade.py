@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import threading
-import time
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -42,14 +42,22 @@ def install_exact(store: ModelStore, graph_version: int | None, source: str | No
     return store.install(model, "q4_1-cpu", build).path
 
 
+class Builds(list):  # type: ignore[type-arg]
+    """The builds made, and what each waits for before it finishes (a test's event; none by default)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.before_done: Callable[[], object] = lambda: None
+
+
 @pytest.fixture
-def builds(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
-    calls: list[dict[str, Any]] = []
+def builds(monkeypatch: pytest.MonkeyPatch) -> Builds:
+    calls = Builds()
 
     def build_exact(store: ModelStore, gguf: Path, model_id: str, tmp: Path, progress: Any,
                     aliases: list[str] | None, speed: bool) -> dict[str, Any]:
         calls.append({"gguf": gguf, "model": model_id, "aliases": aliases, "speed": speed})
-        time.sleep(0.3)   # long enough for a concurrent caller to queue on the lock
+        calls.before_done()
         (tmp / "model.onnx").write_bytes(f"graph v{GRAPH_VERSION}".encode())
         return {"precision": "q4_1", "device": "cpu", "source": f"gguf:{gguf}", "aliases": aliases or [],
                 "notes": {"gguf_exact": {"method": "gguf-exact", "graph_version": GRAPH_VERSION}}}
@@ -108,10 +116,20 @@ def test_a_stale_graph_whose_gguf_is_gone_is_kept_with_a_message(tmp_path: Path,
     assert builds == [] and any("is gone" in m for m in said), said
 
 
-def test_two_callers_upgrade_it_once(tmp_path: Path, builds: list[dict[str, Any]]) -> None:
-    """The staleness test runs again under the store lock: the second caller finds v2."""
+def test_two_callers_upgrade_it_once(tmp_path: Path, builds: Builds, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The staleness test runs again under the store lock: the second caller finds v2. The build
+    finishes only once the second caller has asked for the lock, so it certainly queues on it."""
     store = ModelStore(tmp_path / "models")
     install_exact(store, 1)
+    asked, lock = threading.Semaphore(0), ModelStore.lock
+
+    def counted(self: ModelStore, name: str, timeout: float = 3600.0) -> Any:
+        if timeout:  # an install's wait for the lock (a sweep's try, timeout 0, is not one)
+            asked.release()
+        return lock(self, name, timeout)
+
+    monkeypatch.setattr(ModelStore, "lock", counted)
+    builds.before_done = lambda: asked.acquire(timeout=120) and asked.acquire(timeout=120)
     got: list[Any] = []
     threads = [threading.Thread(target=lambda: got.append(importer.ensure_default(store))) for _ in range(2)]
     for t in threads:

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from tests.clocks import ManualClock
 
 from ortserve.telemetry.files import Limits, RotatingWriter, list_files, read_complete_lines
 
@@ -35,14 +36,19 @@ def test_rotates_by_size(tmp_path: Path) -> None:
 
 
 def test_rotates_by_age(tmp_path: Path) -> None:
-    w = RotatingWriter(tmp_path, "logs", Limits(max_file_age_s=0.05))
+    clock = ManualClock(start=time.time())  # the file age is read from it: no sleep, no race
+    w = RotatingWriter(tmp_path, "logs", Limits(max_file_age_s=60), clock=clock)
     w.write_line(line(0))
     first = w.path
-    time.sleep(0.1)
-    w.write_line(line(1))
+    clock.advance(60)
+    w.write_line(line(1))  # exactly 60 s old: kept
+    assert w.path == first
+    clock.advance(0.001)
+    w.write_line(line(2))  # older than 60 s: a new file
     w.close()
     assert w.path != first
     assert len(list_files(tmp_path, "logs")) == 2
+    assert [r["i"] for r in all_lines(tmp_path)] == [0, 1, 2]
 
 
 def test_total_size_is_capped_and_newest_kept(tmp_path: Path) -> None:

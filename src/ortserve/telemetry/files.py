@@ -26,7 +26,7 @@ import re
 import secrets
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -149,13 +149,14 @@ class RotatingWriter:
     """Appends lines to this process's current file for one signal. Thread-safe."""
 
     def __init__(self, directory: Path, signal: str, limits: Limits = Limits(),
-                 health: Health | None = None) -> None:
+                 health: Health | None = None, clock: Callable[[], float] = time.time) -> None:
         if signal not in SIGNALS:
             raise ValueError(f"unknown signal {signal!r}")
         self.directory = Path(directory)
         self.signal = signal
         self.limits = limits
         self.health = health or Health()
+        self.clock = clock  # wall-clock seconds: file names and age rotation (tests: a manual one)
         self.written = 0
         self._lock = threading.Lock()
         self._fd: int | None = None
@@ -172,7 +173,7 @@ class RotatingWriter:
         """Append one line; False (and a dropped record) if the disk refused it."""
         data = line.encode("utf-8") + b"\n"
         with self._lock:
-            now = time.time()
+            now = self.clock()
             if not self.health.may_try(now):
                 return False
             try:
