@@ -193,6 +193,10 @@ class Settings(BaseSettings):
                                     description="Also record prompt and completion text (off: private)")
     log_level: str = Field("info", validation_alias=_env("ORTSERVE_LOG_LEVEL"),
                            description="Log level: debug, info, warning, error")
+    crash_at: str | None = Field(None, validation_alias=_env("ORTSERVE_CRASH_AT"),
+                                 description="Test only: <point>[:n][:kill|enospc] kills the process (or fills "
+                                             "the disk) the n-th time a write path reaches that point "
+                                             "(faults.py, docs/robustness.md); never set in production")
 
     @field_validator("home", "router_config", "telemetry_dir", "rag_dir", "api_keys_file", mode="after")
     @classmethod

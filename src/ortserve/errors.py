@@ -117,6 +117,32 @@ class StoreError(OrtServeError):
     code = "store_error"
 
 
+class StorageFull(OrtServeError):
+    """The disk under ORTSERVE_HOME is full: nothing was written (HTTP 507 Insufficient Storage)."""
+
+    status = 507
+    type = "server_error"
+    code = "insufficient_storage"
+
+
+def disk_full(exc: BaseException) -> bool:
+    """An OSError ENOSPC/EDQUOT, or SQLite's SQLITE_FULL ("database or disk is full"), anywhere in the chain."""
+    import errno
+
+    full = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
+    seen: BaseException | None = exc
+    for _ in range(16):       # a cause chain may loop
+        if seen is None:
+            break
+        if isinstance(seen, OSError) and seen.errno in full:
+            return True
+        text = str(seen)
+        if "No space left on device" in text or "database or disk is full" in text:
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 class ProviderError(OrtServeError):
     """A provider failed. retryable says whether the next provider in a chain may try."""
 

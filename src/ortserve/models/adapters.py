@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from ortserve import faults
 from ortserve.engine.graph import load_decoder
 from ortserve.engine.lora import MODULES, Adapter, find_targets
 from ortserve.engine.runner import ModelSpec
@@ -205,6 +206,7 @@ def import_adapter(store: ModelStore, path: Path, base: str, *, name: str | None
         for key, (a, b) in weights.items():
             arrays[f"{key}.A"], arrays[f"{key}.B"] = a, b
         np.savez(tmp / WEIGHTS, **arrays)
+        faults.point("adapter.written")
         meta = {"base": base_v.id, "rank": max(a.shape[1] for a, _ in weights.values()), "scale": scale,
                 "target_modules": modules, "lora_alpha": cfg.get("lora_alpha"), "r": cfg.get("r"),
                 "base_model_name_or_path": cfg.get("base_model_name_or_path")}

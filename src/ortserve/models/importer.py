@@ -11,6 +11,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from ortserve import faults
 from ortserve.errors import ModelError, NotFound, OrtServeError, StoreError
 from ortserve.models import convert
 from ortserve.models.catalog import (
@@ -177,6 +178,7 @@ def _build_exact(store: ModelStore, gguf: Path, model_id: str, tmp: Path, progre
     weights = gguf_exact.preflight(gguf)
     precision, stream = gguf_exact.exact_precision(weights), gguf_fast.streamable(weights)
     del weights   # the reader maps the file: let it go before the import maps it again
+    faults.point("gguf.begun")
     if stream:   # graph from metadata, blocks streamed: ~the file's size in memory (docs/gguf.md)
         report = gguf_fast.import_gguf_streamed(gguf, tmp, progress=progress, smoke=False)   # measured next
         if progress:
@@ -193,6 +195,7 @@ def _build_exact(store: ModelStore, gguf: Path, model_id: str, tmp: Path, progre
             shutil.rmtree(work, ignore_errors=True)   # before measuring speed: free the fp32 copy
         if progress:
             progress("measuring perplexity" + (" and speed" if speed else ""))
+    faults.point("gguf.written")
     fields = {"precision": precision, "device": "cpu", **genai_facts(tmp),
               **measure(tmp, "cpu", ref, speed=speed)}
     return {**fields, "notes": {"gguf_exact": report}, "source": f"gguf:{gguf}", "aliases": aliases or [],

@@ -14,7 +14,6 @@ leaves nothing half-installed; the registry *is* the set of such directories.
 from __future__ import annotations
 
 import contextlib
-import errno
 import hashlib
 import json
 import os
@@ -29,7 +28,8 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
-from ortserve.errors import NotFound, StoreError
+from ortserve import faults
+from ortserve.errors import NotFound, StorageFull, StoreError, disk_full
 
 MANIFEST = "ortserve.json"
 _ID_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
@@ -185,24 +185,31 @@ class ModelStore:
             tmp.mkdir(parents=True)
             try:
                 fields = build(tmp)
+                faults.point("store.build")
                 content = Path(fields["link"]) if fields.get("link") else tmp
                 files = hash_tree(content)
                 v = Variant(model=model, variant=variant, path=final, files=files, created=time.time(),
                             size_bytes=sum((content / f).stat().st_size for f in files), **fields)
                 _write_json_atomic(tmp / MANIFEST, v.to_json())
                 _fsync_tree(tmp)
-                if final.exists():
+                faults.point("store.manifest")
+                trash = None
+                if final.exists():   # a crash before the next rename puts it back (_sweep_tmp)
                     trash = self.root / ".tmp" / f"{name}.old.{uuid.uuid4().hex[:8]}"
                     final.replace(trash)
-                    shutil.rmtree(trash, ignore_errors=True)
+                    faults.point("store.swap")
                 tmp.replace(final)
+                fsync_dir(self.root)
+                if trash is not None:
+                    shutil.rmtree(trash, ignore_errors=True)
+                faults.point("store.installed")
                 return v
             except BaseException as exc:
                 shutil.rmtree(tmp, ignore_errors=True)
-                if _disk_full(exc):
-                    raise StoreError(f"disk full while installing {model}:{variant}; nothing was installed",
-                                     hint=f"free space under {self.root} or point ORTSERVE_HOME at a bigger disk"
-                                     ) from exc
+                if disk_full(exc):
+                    raise StorageFull(f"disk full while installing {model}:{variant}; nothing was installed",
+                                      param="model", hint=f"free space under {self.root} or point ORTSERVE_HOME "
+                                      "at a bigger disk") from exc
                 raise
 
     def update_manifest(self, v: Variant, **changes: Any) -> Variant:
@@ -240,21 +247,46 @@ class ModelStore:
         return sum(p.stat().st_size for p in self.root.rglob("*") if p.is_file())
 
     def _sweep_tmp(self, name: str) -> None:
-        """Remove leftovers of killed installs of ``name``; we hold its lock, so none is live."""
+        """Remove leftovers of killed installs of ``name``; we hold its lock, so none is live.
+
+        A variant moved aside by a replace that was killed before the new one took its place is
+        put back: the old variant was committed, and a crash must not lose it.
+        """
         tmp_root = self.root / ".tmp"
         if tmp_root.is_dir():
             # <name>.<pid>.<rand>[.hf|.ref], the builder's .<name>.<pid>.<rand>.cache, and the
             # <name>.old|rm.<rand> trash of a replace/remove; never another variant's work
             mine = re.compile(rf"^\.?{re.escape(name)}\.(\d+|old|rm)\.[0-9a-f]{{8}}(\.[a-z]+)?$")
-            for d in tmp_root.iterdir():
-                if mine.match(d.name):
+            final = self.root / name
+            for d in sorted(tmp_root.iterdir()):
+                if not mine.match(d.name):
+                    continue
+                if ".old." in d.name and not final.exists() and (d / MANIFEST).is_file():
+                    d.replace(final)
+                    fsync_dir(self.root)
+                else:
                     shutil.rmtree(d, ignore_errors=True)
+        if (self.root / name).is_dir():   # a manifest update killed before its rename
+            for p in (self.root / name).glob(f".{MANIFEST}.*"):
+                p.unlink(missing_ok=True)
 
-
-def _disk_full(exc: BaseException) -> bool:
-    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-        return True
-    return "No space left on device" in str(exc)
+    def sweep(self) -> list[str]:
+        """At start: clean what killed installs left, for every variant no live process is installing
+        (its lock is free). Returns the names swept."""
+        tmp_root = self.root / ".tmp"
+        names = {d.name for d in self.root.iterdir() if not d.name.startswith(".")} if self.root.is_dir() else set()
+        if tmp_root.is_dir():
+            left = re.compile(r"^\.?(.+?)\.(\d+|old|rm)\.[0-9a-f]{8}(\.[a-z]+)?$")
+            names |= {m.group(1) for d in tmp_root.iterdir() if (m := left.match(d.name))}
+        swept = []
+        for name in sorted(names):
+            try:
+                with self.lock(name, timeout=0):
+                    self._sweep_tmp(name)
+                    swept.append(name)
+            except StoreError:
+                continue          # being installed right now by another process
+        return swept
 
 
 def _write_json_atomic(path: Path, data: Any) -> None:
@@ -271,3 +303,14 @@ def _fsync_tree(root: Path) -> None:
         if p.is_file():
             with p.open("rb") as f:
                 os.fsync(f.fileno())
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename in ``path`` durable (POSIX; Windows cannot open a directory, and needs not)."""
+    if os.name != "posix":
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

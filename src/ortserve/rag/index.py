@@ -31,8 +31,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 
-from ortserve.errors import InvalidRequest, NotFound
+from ortserve import faults
+from ortserve.errors import InvalidRequest, NotFound, StorageFull, disk_full
+from ortserve.models.store import fsync_dir
 from ortserve.rag.ingest import Chunk, chunk_text, parse
 from ortserve.rag.jobs import JobsMixin
 from ortserve.rag.retrieval import SearchMixin
@@ -50,6 +53,7 @@ from ortserve.rag.schema import TX_LOCK as _TX_LOCK  # server/api/files.py takes
 from ortserve.rag.search import DenseIndex
 
 Progress = Callable[[int], None]
+_UPLOAD_TMP = re.compile(r"^\.(file-[0-9a-f]+)\.(\d+)\.tmp$")
 
 
 class RagStore(SearchMixin, JobsMixin):
@@ -75,15 +79,30 @@ class RagStore(SearchMixin, JobsMixin):
         parse(filename, data)
         fid = new_id("file")
         path = self.root / "files" / fid
-        tmp = path.with_name(f".{fid}.tmp")
-        with Path(tmp).open("wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        # bytes (fsynced) in a temp file named by its writer, then the row, then the rename: a kill
+        # before the commit leaves a temp file the next start deletes, after it one it renames
+        tmp = path.with_name(f".{fid}.{os.getpid()}.tmp")
+        try:
+            with Path(tmp).open("wb") as f:
+                f.write(data[:len(data) // 2])
+                faults.point("rag.upload.partial")
+                f.write(data[len(data) // 2:])
+                f.flush()
+                os.fsync(f.fileno())
+            faults.point("rag.upload.written")
+            row = (fid, filename, len(data), hashlib.sha256(data).hexdigest(), purpose, int(time.time()))
+            with tx(self.main) as con:
+                con.execute("INSERT INTO files VALUES (?,?,?,?,?,?)", row)
+        except BaseException as exc:
+            Path(tmp).unlink(missing_ok=True)
+            if disk_full(exc):
+                raise StorageFull(f"disk full: {filename} was not stored", param="file",
+                                  hint=f"free space under {self.root}") from exc
+            raise
+        faults.point("rag.upload.row")
         Path(tmp).replace(path)
-        row = (fid, filename, len(data), hashlib.sha256(data).hexdigest(), purpose, int(time.time()))
-        with tx(self.main) as con:
-            con.execute("INSERT INTO files VALUES (?,?,?,?,?,?)", row)
+        fsync_dir(path.parent)
+        faults.point("rag.upload.committed")
         return self.file(fid)
 
     def file(self, fid: str) -> dict[str, Any]:
@@ -113,11 +132,22 @@ class RagStore(SearchMixin, JobsMixin):
         return {"id": fid, "object": "file", "deleted": True}
 
     def _sweep_orphans(self) -> None:
-        """Bytes whose row never committed (a crash between the two) and half-written temp files."""
+        """Temp files of uploads whose writer is gone: renamed into place if their row committed (the
+        bytes were fsynced first), else deleted. Other stray bytes once they are an hour old."""
         known = {r[0] for r in self.main.execute("SELECT id FROM files")}
         old = time.time() - 3600          # another process may be between its write and its commit
         for p in (self.root / "files").iterdir():
-            if (p.name.startswith(".") or p.name not in known) and p.stat().st_mtime < old:
+            m = _UPLOAD_TMP.match(p.name)
+            if m is not None:
+                fid, pid = m.group(1), int(m.group(2))
+                if pid == os.getpid() or psutil.pid_exists(pid):
+                    continue              # still being written (a live process, this one included)
+                if fid in known and not (p.parent / fid).exists():
+                    p.replace(p.parent / fid)
+                    fsync_dir(p.parent)
+                else:
+                    p.unlink(missing_ok=True)
+            elif (p.name.startswith(".") or p.name not in known) and p.stat().st_mtime < old:
                 p.unlink(missing_ok=True)
 
     # ---- vector stores ------------------------------------------------------------
@@ -218,6 +248,7 @@ class RagStore(SearchMixin, JobsMixin):
         inputs = embed_inputs(f["filename"], text, chunks)
         hashes = [hashlib.sha256(t.encode("utf-8")).hexdigest() for t in inputs]
         vectors = self._vectors(con, emb, inputs, hashes, progress)
+        faults.point("rag.ingest.embedded")
         with tx(con):
             row = con.execute("SELECT status, batch_id, attempts, created_at FROM vs_files WHERE file_id=?",
                               (fid,)).fetchone()
@@ -242,6 +273,7 @@ class RagStore(SearchMixin, JobsMixin):
                          row["created_at"] if row else int(time.time()), row["batch_id"] if row else None,
                          row["attempts"] if row else 0))
             con.execute("UPDATE meta SET value = value + 1 WHERE key='generation'")
+            faults.point("rag.ingest.commit")
         return self.vs_file(vid, fid)
 
     def check_chunking(self, max_tokens: int) -> Any:

@@ -20,7 +20,8 @@ import uuid
 from collections import deque
 from typing import Any
 
-from ortserve.errors import InvalidRequest, NotFound, Overloaded
+from ortserve import faults
+from ortserve.errors import InvalidRequest, NotFound, Overloaded, disk_full
 from ortserve.rag.ingest import UnsupportedFile
 from ortserve.rag.schema import VS_FILE_COLUMNS, tx
 
@@ -60,6 +61,7 @@ class JobsMixin:
                         (fid, f["filename"], f["sha256"], "in_progress", json.dumps(attributes or {}),
                          json.dumps(chunking), old["usage_bytes"] if old else 0, old["chunks"] if old else 0,
                          None, int(time.time()), batch_id, 0))
+        faults.point("rag.enqueued")
         return self.vs_file(vid, fid)  # type: ignore[no-any-return]
 
     def pending(self) -> list[Job]:
@@ -108,6 +110,10 @@ class JobsMixin:
         except InvalidRequest as exc:
             self._fail(vid, fid, "invalid_file", exc.message)
         except Exception as exc:  # recorded on the file, for the client to read
+            if disk_full(exc):
+                log.error("processing %s in %s: the disk is full", fid, vid)
+                self._fail(vid, fid, "server_error", f"the disk is full; nothing of this file was stored ({exc})")
+                return
             log.exception("processing %s in %s failed", fid, vid)
             self._fail(vid, fid, "server_error", f"{type(exc).__name__}: {exc}")
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ortserve.errors import InvalidRequest
+from ortserve.errors import InvalidRequest, disk_full
 from ortserve.rag.schema import tx
 from ortserve.rag.search import (
     BM25_WEIGHT,
@@ -93,8 +93,12 @@ class SearchMixin:
         if now - self._touched.get(vid, 0) < 60:
             return
         self._touched[vid] = now
-        with tx(self.main) as m:
-            m.execute("UPDATE vector_stores SET last_active_at=? WHERE id=?", (now, vid))
+        try:
+            with tx(self.main) as m:
+                m.execute("UPDATE vector_stores SET last_active_at=? WHERE id=?", (now, vid))
+        except sqlite3.OperationalError as exc:   # a full disk: the search still answers
+            if not disk_full(exc):
+                raise
 
     def _bm25(self, con: sqlite3.Connection, idx: DenseIndex, query: str, k: int,
               allowed: set[str] | None) -> list[int]:

@@ -58,10 +58,12 @@ def tx(con: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
         con.execute("BEGIN IMMEDIATE")
         try:
             yield con
+            con.execute("COMMIT")
         except BaseException:
-            con.execute("ROLLBACK")
+            if con.in_transaction:   # SQLite may have rolled back itself (a full disk does)
+                with contextlib.suppress(sqlite3.Error):
+                    con.execute("ROLLBACK")
             raise
-        con.execute("COMMIT")
 
 
 def new_id(prefix: str) -> str:

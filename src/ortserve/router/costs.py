@@ -17,6 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ortserve import faults
 from ortserve.types import Usage
 
 
@@ -181,6 +182,7 @@ class Ledger:
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (e.ts or time.time(), e.request_id, e.provider, int(e.local), e.model, e.usage.prompt_tokens,
                  e.usage.completion_tokens, e.cost_usd, e.baseline_usd, e.baseline_model, e.reason))
+            faults.point("ledger.commit")
 
     def report(self, since: float | None = None) -> CostReport:
         since_label = _iso(since) if since is not None else None

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ortserve import faults
 from ortserve.config import Settings
 from ortserve.engine import AsyncEngine
 from ortserve.errors import (
@@ -25,7 +27,9 @@ from ortserve.errors import (
     NotFound,
     OrtServeError,
     PayloadTooLarge,
+    StorageFull,
     Unavailable,
+    disk_full,
 )
 from ortserve.server import rag_access
 from ortserve.server.api import admin as routes_admin
@@ -109,6 +113,7 @@ def create_app(settings: Settings, *, engine: AsyncEngine | None = None, model_d
                model_id: str | None = None) -> FastAPI:
     """An app serving ``engine``, or the model at ``model_dir`` loaded in the background."""
     state = ServerState(settings=settings, model_dir=str(model_dir or ""))
+    _recover(settings)
     state.telemetry = Telemetry.from_settings(settings)
     state.manager = ModelManager(settings)
     state.metrics.watch_models(state.manager)
@@ -174,6 +179,15 @@ def create_app(settings: Settings, *, engine: AsyncEngine | None = None, model_d
     async def _validation_error(req: Request, err: RequestValidationError) -> JSONResponse:
         return error_response(validation_to_error(err), path=req.url.path)
 
+    @app.exception_handler(OSError)
+    @app.exception_handler(sqlite3.Error)
+    async def _storage_error(req: Request, exc: Exception) -> JSONResponse:
+        if not disk_full(exc):
+            raise exc
+        log.error("%s %s: the disk is full (%s)", req.method, req.url.path, exc)
+        return error_response(StorageFull(f"the disk under {settings.home} is full; nothing was stored",
+                                          hint="free space there and retry"), path=req.url.path)
+
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["*"],
                            allow_headers=["*"])
@@ -182,6 +196,17 @@ def create_app(settings: Settings, *, engine: AsyncEngine | None = None, model_d
     app.add_middleware(TelemetryMiddleware, telemetry=state.telemetry,
                        route_of=lambda path: path if path in KNOWN_ROUTES else "other")
     return app
+
+
+def _recover(settings: Settings) -> None:
+    """Arm the test-only crash point (faults.py) and sweep what a killed process left in the model
+    store (the RAG store sweeps its own when it opens)."""
+    from ortserve.models.store import ModelStore
+
+    faults.arm(settings.crash_at)
+    swept = ModelStore(settings.store_dir).sweep()
+    if swept:
+        log.debug("model store: swept leftovers of %s", ", ".join(swept))
 
 
 def _rag_parts(state: ServerState) -> None:

@@ -8,12 +8,15 @@ Each row is written in one transaction: a response is stored whole or not at all
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from ortserve import faults
 
 SCHEMA = """CREATE TABLE IF NOT EXISTS responses (
   id TEXT PRIMARY KEY, created REAL NOT NULL, model TEXT NOT NULL,
@@ -31,6 +34,7 @@ class ResponseStore:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
             db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=FULL")   # a returned id is a promise: the row survives a crash
             db.execute(SCHEMA)
             if "owner" not in {r[1] for r in db.execute("PRAGMA table_info(responses)")}:
                 db.execute("ALTER TABLE responses ADD COLUMN owner TEXT")   # the key that stored it (issue 45)
@@ -39,9 +43,19 @@ class ResponseStore:
 
     def put(self, response: dict[str, Any], history: list[dict[str, Any]], owner: str | None = None) -> None:
         with self._lock:
-            self._conn().execute("INSERT OR REPLACE INTO responses (id, created, model, history, response, owner) "
-                                 "VALUES (?, ?, ?, ?, ?, ?)", (response["id"], time.time(), response["model"],
-                                                               json.dumps(history), json.dumps(response), owner))
+            db = self._conn()
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                db.execute("INSERT OR REPLACE INTO responses (id, created, model, history, response, owner) "
+                           "VALUES (?, ?, ?, ?, ?, ?)", (response["id"], time.time(), response["model"],
+                                                         json.dumps(history), json.dumps(response), owner))
+                faults.point("responses.commit")
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:
+                    with contextlib.suppress(sqlite3.Error):
+                        db.execute("ROLLBACK")
+                raise
 
     def get(self, rid: str, owner: str | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
         """The stored response and its history; another owner's is None, as a missing one."""
