@@ -170,3 +170,21 @@ def test_infill_in_llama_servers_shape(coder: ServerThread, monkeypatch: pytest.
                        ({**body, "t_max_predict_ms": 500}, "t_max_predict_ms")]:
         e = httpx.post(f"{coder.url}/infill", json=bad)
         assert e.status_code == 400 and e.json()["error"]["param"] == field, e.text
+
+
+def test_fim_ids_the_model_declares_win(coder_model: Path, tmp_path: Path) -> None:
+    """A GGUF's tokenizer.ggml.fim_*_token_id keys, kept at import as tokenizer_config.json's
+    fim_token_ids (models/gguf_vocab.keep_fim_ids), are the ones used."""
+    import json
+    import shutil
+
+    from ortserve.engine.tokenizer import TextCodec
+
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(coder_model / name, tmp_path / name)
+    cfg = json.loads((tmp_path / "tokenizer_config.json").read_text(encoding="utf-8"))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({**cfg, "fim_token_ids": {
+        "pre": 7, "suf": 8, "mid": 9, "rep": 5}}), encoding="utf-8")
+    fim = TextCodec(tmp_path).fim
+    assert fim is not None and (fim.shape, fim.prefix, fim.suffix, fim.middle, fim.repo, fim.file_sep) == (
+        "gguf", 7, 8, 9, 5, None)

@@ -47,3 +47,28 @@ def test_the_infill_prompt_is_llama_servers_order() -> None:
     assert no_files is not None
     assert infill_ids(no_files, enc, "a", "b", extra=[("f", "t")]) == [
         *enc("\n\n--- snippet ---\n\n"), *enc("t"), 1000, *enc("a"), 1001, *enc("b"), 1002]
+
+
+def test_a_ggufs_fim_keys_are_kept_in_the_tokenizer_config(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    import gguf
+
+    from ortserve.models.gguf_vocab import keep_fim_ids
+
+    path = tmp_path / "fim.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    for key, value in {"pre": 151659, "suf": 151661, "mid": 151660, "sep": 151664}.items():
+        w.add_uint32(f"tokenizer.ggml.fim_{key}_token_id", value)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    out = tmp_path / "model"
+    out.mkdir()
+    (out / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>"}), encoding="utf-8")
+    assert keep_fim_ids(path, out) == {"pre": 151659, "suf": 151661, "mid": 151660, "sep": 151664}
+    cfg = json.loads((out / "tokenizer_config.json").read_text(encoding="utf-8"))
+    assert cfg["eos_token"] == "<|endoftext|>"
+    fim = find_fim(lambda _t: None, cfg["fim_token_ids"])
+    assert fim is not None and (fim.prefix, fim.suffix, fim.middle, fim.file_sep) == (151659, 151661, 151660, 151664)

@@ -3,7 +3,7 @@ r"""Fill-in-the-middle: a code model's FIM tokens and the prompt built from them
 A FIM model was trained on ``PRE prefix SUF suffix MID`` and writes the middle. Which tokens those
 are depends on the family; as llama.cpp does (llama-vocab.cpp), they are found by their text in the
 vocabulary, unless ``tokenizer_config.json`` names them (``fim_token_ids``: ``{pre, suf, mid, rep, sep}``,
-the names of a GGUF's ``tokenizer.ggml.fim_*_token_id`` keys). The prompt is llama-server's ``/infill`` one:
+a GGUF's ``tokenizer.ggml.fim_*_token_id`` keys, kept there at import by models/gguf_vocab.py). The prompt is llama-server's ``/infill`` one:
 ``[REP repo\n] [SEP filename\n text]... [SEP filename\n] [BOS] PRE prefix prompt SUF suffix MID``
 (the repository and file parts only where the model has those tokens and, for the files, where
 they are given). The user's text is tokenized as text: a ``<fim_suffix>`` typed in the code does

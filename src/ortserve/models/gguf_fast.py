@@ -28,7 +28,7 @@ from ortserve.models.gguf_graph import STREAM_ARCHITECTURES, Spec
 from ortserve.models.gguf_reader import GGUFWeights, _field, count_types, preflight
 from ortserve.models.gguf_rope import scales_rope
 from ortserve.models.gguf_stream import DataFile
-from ortserve.models.gguf_vocab import fit_tokenizer
+from ortserve.models.gguf_vocab import fit_tokenizer, keep_fim_ids
 from ortserve.models.quality import release_freed_memory
 
 Progress = Callable[[str], None]
@@ -115,6 +115,7 @@ def write_tokenizer(gguf_path: Path, out_dir: Path, rows: int) -> None:
         raise ModelError(f"cannot read the tokenizer of {gguf_path.name}: {exc}".splitlines()[0]) from exc
     tok.save_pretrained(str(out_dir))
     fit_tokenizer(out_dir, rows)
+    keep_fim_ids(gguf_path, out_dir)  # its fill-in-the-middle tokens, where the file names them
 
 
 def smoke_logits(model_dir: Path, spec: Spec, n_tokens: int = 8) -> float:

@@ -89,3 +89,22 @@ def tokenizer_size(tokenizer_json: Path) -> int:
     ids = list(vocab.values()) if isinstance(vocab, dict) else list(range(len(vocab or ())))
     ids += [int(a["id"]) for a in tok.get("added_tokens") or []]
     return max(ids, default=-1) + 1
+
+
+FIM_KEYS = ("pre", "suf", "mid", "pad", "rep", "sep")  # tokenizer.ggml.fim_<key>_token_id
+
+
+def keep_fim_ids(gguf_path: Path, out_dir: Path) -> dict[str, int]:
+    """The GGUF's fill-in-the-middle token ids (``tokenizer.ggml.fim_*_token_id``, as llama.cpp's
+    converter writes them), kept in the written ``tokenizer_config.json`` as ``fim_token_ids``
+    (engine/fim.py reads them there before looking for the tokens by their text)."""
+    from gguf import GGUFReader
+
+    fields = GGUFReader(str(gguf_path)).fields
+    ids = {k: int(f.parts[f.data[0]][0]) for k in FIM_KEYS
+           if (f := fields.get(f"tokenizer.ggml.fim_{k}_token_id")) is not None}
+    if ids:
+        path = out_dir / "tokenizer_config.json"
+        cfg = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+        path.write_text(json.dumps({**cfg, "fim_token_ids": ids}, ensure_ascii=False, indent=2), encoding="utf-8")
+    return ids
