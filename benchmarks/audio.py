@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import tempfile
 import time
 from collections.abc import Callable
@@ -24,7 +25,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=1, help="the phrase set this many times in one recording")
-    ap.add_argument("--runs", type=int, default=2, help="best of this many timed runs (after one warm-up)")
+    ap.add_argument("--runs", type=int, default=2, help="best of this many timed runs after one warm-up "
+                    "(0: time the single first run; for long recordings, e.g. --repeat 14 for ~10 min)")
     ap.add_argument("--no-faster-whisper", action="store_true")
     args = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
@@ -76,13 +78,17 @@ def main() -> None:
 
 def timed(run: Callable[[], str], runs: int, seconds: float, reference: str,
           wer: Callable[[list[str], list[str]], float]) -> dict[str, float]:
-    out = run()   # warm-up
-    best = float("inf")
+    t0 = time.perf_counter()
+    out = run()   # the warm-up; with --runs 0 the only run
+    best = time.perf_counter() - t0 if runs == 0 else float("inf")
     for _ in range(runs):
         t0 = time.perf_counter()
         out = run()
         best = min(best, time.perf_counter() - t0)
-    return {"seconds": round(best, 3), "rtf": round(best / seconds, 4), "wer": round(wer([reference], [out]), 4)}
+    found = [x for x in re.split(r"[.!?]+", out) if x.strip()]
+    expected = [x for x in re.split(r"[.!?]+", reference) if x.strip()]
+    return {"seconds": round(best, 3), "rtf": round(best / seconds, 4), "wer": round(wer([reference], [out]), 4),
+            "sentences_expected": len(expected), "sentences_found": len(found)}
 
 
 if __name__ == "__main__":

@@ -154,3 +154,20 @@ def test_manifest_kind_and_models_list(server: ServerThread) -> None:
     v = ModelStore(server.settings.store_dir).find("tiny-whisper")[0]
     assert v.kind == "audio" and v.architecture == "whisper"
     assert json.loads((v.path / "genai_config.json").read_text())["model"]["type"] == "whisper"
+
+
+def test_cli_transcribe(server: ServerThread, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    from ortserve.cli.main import cli
+
+    wav = tmp_path / "a.wav"
+    wav.write_bytes(tone(65.0))
+    monkeypatch.setenv("ORTSERVE_HOME", str(server.settings.home))
+    text = CliRunner().invoke(cli, ["transcribe", str(wav), "--model", "tiny-whisper"])
+    assert text.exit_code == 0, text.output
+    assert text.stdout.splitlines() == [SAYS.strip()] * 3
+    srt = CliRunner().invoke(cli, ["transcribe", str(wav), "--model", "tiny-whisper", "--format", "srt"])
+    assert srt.stdout.startswith(f"1\n00:00:00,000 --> 00:00:01,000\n{SAYS.strip()}\n\n2\n00:00:30,000")
+    missing = CliRunner().invoke(cli, ["transcribe", str(wav), "--model", "no-such-model"])
+    assert missing.exit_code != 0 and "no-such-model" in missing.output
