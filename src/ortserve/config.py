@@ -163,6 +163,9 @@ class Settings(BaseSettings):
                                    description="Transcriptions that run at once, beside chat")
     audio_queue: int = Field(4, ge=0, validation_alias=_env("ORTSERVE_AUDIO_QUEUE"),
                              description="Transcriptions waiting beyond those running (429 above)")
+    audio_threads: int = Field(0, ge=0, validation_alias=_env("ORTSERVE_AUDIO_THREADS"),
+                               description="ONNX Runtime threads per Whisper model (0 = every core); fewer leave "
+                                           "cores to chat")
     audio_max_seconds: float = Field(7200.0, gt=0, validation_alias=_env("ORTSERVE_AUDIO_MAX_SECONDS"),
                                      description="Longest audio a request may send, in seconds (400 above)")
     # sampling defaults: what a request's unset fields become (docs/api-fields.md)

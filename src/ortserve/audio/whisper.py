@@ -84,7 +84,9 @@ class Transcript:
 
 
 class WhisperModel:
-    def __init__(self, model_dir: Path) -> None:
+    def __init__(self, model_dir: Path, threads: int = 0) -> None:
+        """``threads``: ONNX Runtime threads for the encoder and decoder (0: its default, every core);
+        fewer leave cores to chat engines running beside."""
         import onnxruntime_genai as og
 
         self.og = og
@@ -94,7 +96,11 @@ class WhisperModel:
             raise ValueError(f"{model_dir} is not an ONNX GenAI Whisper model")
         side = self.dir / SIDE_FILE
         notes = json.loads(side.read_text(encoding="utf-8")) if side.is_file() else {}
-        self.model = og.Model(str(self.dir))
+        config = og.Config(str(self.dir))
+        if threads > 0:
+            opts = {"session_options": {"intra_op_num_threads": threads}}
+            config.overlay(json.dumps({"model": {"encoder": opts, "decoder": opts}}))
+        self.model = og.Model(config)
         self.processor = self.model.create_multimodal_processor()
         self.tokenizer = og.Tokenizer(self.model)
         self.special: SpecialTokens = load_special_tokens(self.dir, int(cfg["model"]["vocab_size"]),

@@ -32,7 +32,7 @@ def transcribe_command(file: Path, model: str | None, language: str | None, tran
     from ortserve.server.speech import SpeechHolder
 
     s = settings_from()
-    _, whisper = SpeechHolder(ModelStore(s.store_dir), s.audio_model).get(model)
+    _, whisper = SpeechHolder(ModelStore(s.store_dir), s.audio_model, threads=s.audio_threads).get(model)
     audio = decode(file.read_bytes(), max_seconds=s.audio_max_seconds)
     task = "translate" if translate else "transcribe"
     found = Transcript()

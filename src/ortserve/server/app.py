@@ -216,10 +216,11 @@ def _rag_parts(state: ServerState) -> None:
 
     state.embedder = EmbeddingHolder(ModelStore(state.settings.store_dir), state.settings.embedding_model)
     state.embedder.manager = state.manager  # embedding models share the chat models' budget and ps
-    from ortserve.server.speech import SpeechHolder   # Whisper (docs/audio.md): its own queue beside chat
+    from ortserve.server.speech import SpeechHolder  # Whisper (docs/audio.md): its own queue beside chat
 
     s = state.settings
-    state.speech = SpeechHolder(ModelStore(s.store_dir), s.audio_model, s.audio_concurrency, s.audio_queue)
+    state.speech = SpeechHolder(ModelStore(s.store_dir), s.audio_model, s.audio_concurrency, s.audio_queue,
+                                s.audio_threads)
     state.speech.manager = state.manager
     state.speech.bind_metrics(state.metrics.registry)
 

@@ -24,11 +24,13 @@ OPENAI_NAMES = ("whisper-1", "gpt-4o-transcribe", "gpt-4o-mini-transcribe", "def
 
 
 class SpeechHolder:
-    def __init__(self, store: ModelStore, default: str = PACKAGED_ID, concurrency: int = 1, queue: int = 4) -> None:
+    def __init__(self, store: ModelStore, default: str = PACKAGED_ID, concurrency: int = 1, queue: int = 4,
+                 threads: int = 0) -> None:
         self.store = store
         self.default = default
         self.concurrency = concurrency
         self.queue = queue
+        self.threads = threads
         self._loaded: dict[str, tuple[Variant, WhisperModel]] = {}
         self._lock = threading.Lock()
         self._slots = asyncio.Semaphore(concurrency)
@@ -56,7 +58,7 @@ class SpeechHolder:
         with self._lock:
             v = self.resolve(ref)
             if v.id not in self._loaded:
-                m = WhisperModel(v.model_dir)
+                m = WhisperModel(v.model_dir, self.threads)
                 self._loaded[v.id] = (v, m)
                 if self.manager is not None:
                     self.manager.adopt_external(v.id, "audio", v.model_dir, m.memory_bytes(),
