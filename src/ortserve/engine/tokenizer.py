@@ -15,6 +15,13 @@ from ortserve.errors import InvalidRequest, ModelError
 
 log = logging.getLogger("ortserve.engine")
 ROLES = ("system", "user", "assistant", "tool", "developer")
+# A model with no chat template (a base model's GGUF, as Gemma 3 270M's) chats through ChatML, as
+# llama-server does; the chat routes name it in the header TEMPLATE_HEADER and the load log says so.
+# The tokenizer's own special tokens (BOS) are added as it adds them to any text (add_special_tokens).
+CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}"
+          "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+FALLBACK_TEMPLATE = "fallback-chatml"
+TEMPLATE_HEADER = "x-ortserve-chat-template"
 
 
 class TextCodec:
@@ -39,6 +46,11 @@ class TextCodec:
         if isinstance(template, list):  # named templates: take the default
             template = next((t["template"] for t in template if t.get("name") == "default"), None)
         self.chat_template: str | None = template
+        # "model" (its own template) or FALLBACK_TEMPLATE (none: ChatML, named in TEMPLATE_HEADER)
+        self.template_source = "model" if template else FALLBACK_TEMPLATE
+        if not template:
+            log.warning("%s has no chat template: chat requests use the fallback ChatML template (as llama-server "
+                        "does), named in the %s header; /v1/completions takes raw text", model_dir, TEMPLATE_HEADER)
         self._compiled: Any = None
         # the tool-call syntax this model speaks (engine/formats/registry.py decides; the manifest may say)
         override = _read_json(model_dir / "ortserve.json").get("tool_format")
@@ -82,7 +94,8 @@ class TextCodec:
                  thinking: bool | None = None) -> list[int]:
         """The token ids of a conversation's rendered prompt: what every chat API submits and every
         token count (/tokenize's ``messages``, count_tokens, /v1/responses/input_tokens) counts."""
-        return self.encode(self.render_chat(messages, tools=tools, thinking=thinking), add_special_tokens=False)
+        text = self.render_chat(messages, tools=tools, thinking=thinking)
+        return self.encode(text, add_special_tokens=self.template_source == FALLBACK_TEMPLATE)  # a template writes BOS
 
     def piece(self, token: int) -> str:
         """One token's text as it decodes alone (special tokens included)."""
@@ -157,11 +170,8 @@ class TextCodec:
             messages = self.tool_format.fallback_messages(messages, tools or [])
         if self.reasoning_markers == MISTRAL:  # its templates take reasoning as a chunk
             messages = [_thinking_chunks(m) for m in messages]
-        if self.chat_template is None:
-            text = "".join(f"{m['role']}: {m['content']}\n" for m in messages)
-            return text + ("assistant: " if add_generation_prompt else "")
         if self._compiled is None:
-            self._compiled = template_env().from_string(self.chat_template)
+            self._compiled = template_env().from_string(self.chat_template or CHATML)
         try:
             return str(self._compiled.render(messages=messages, add_generation_prompt=add_generation_prompt,
                                              bos_token=self.bos_token or "", eos_token=self.eos_token or "",

@@ -26,6 +26,7 @@ from typing import Any
 from ortserve.engine import AsyncEngine, RequestHandle
 from ortserve.engine.formats import ToolCallParser
 from ortserve.engine.reasoning import ReasoningSplitter
+from ortserve.engine.tokenizer import TEMPLATE_HEADER
 from ortserve.errors import InvalidRequest, OrtServeError
 from ortserve.models.sampling import defaults_for
 from ortserve.providers.structured import ToolPlan, constrain, plan_tools, response_constraint
@@ -232,6 +233,8 @@ class Conversation:
         else:
             handles = submit_n(engine, turn.n, params, messages=turn.messages,
                                tools=plan.prompt_tools() if plan else None, thinking=thinking)
+        if turn.prompt_ids is None and engine.codec.template_source != "model":
+            headers = {**headers, TEMPLATE_HEADER: engine.codec.template_source}  # no template: ChatML, said so
         conv = cls(st, engine, handles, plan, headers, turn, span)
         if engine.codec.thinks and free and turn.prompt_ids is None:
             conv.thinking_open = engine.codec.answer_starts_thinking(thinking)

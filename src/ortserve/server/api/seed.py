@@ -10,6 +10,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from ortserve.engine import RequestHandle
+from ortserve.engine.tokenizer import TEMPLATE_HEADER
 from ortserve.models.sampling import defaults_for
 from ortserve.providers.structured import constrain, response_constraint
 from ortserve.server.protocol import SeedChatRequest
@@ -63,7 +64,10 @@ async def _submit(body: SeedChatRequest, request: Request,
     span = span_of(request)
     span.set(model=engine.model_id, provider="local", execution_provider=engine.model.choice.device)
     handle = engine.submit(messages=body.plain_messages(), params=params)
-    return st, span, handle, body.sampling_headers(params, defaults)
+    headers = body.sampling_headers(params, defaults)
+    if engine.codec.template_source != "model":   # no chat template: ChatML, said so (engine/tokenizer.py)
+        headers[TEMPLATE_HEADER] = engine.codec.template_source
+    return st, span, handle, headers
 
 
 @router.post("/v1/chat")
