@@ -33,8 +33,10 @@ def ce_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def reference(ce_dir: Path) -> Any:
     """sentence-transformers' CrossEncoder on the same directory (torch: the test's side only)."""
+    import torch
     from sentence_transformers import CrossEncoder
 
+    torch.set_num_threads(1)   # a few small batches: spinning OpenMP threads only slow a busy machine
     return CrossEncoder(str(ce_dir), device="cpu")
 
 

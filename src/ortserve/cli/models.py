@@ -28,6 +28,8 @@ from ortserve.cli.models_common import (  # re-exported: cli/bundle.py and tests
     handles_errors,
     json_option,
     quant_options_decorator,
+    show_embedding,
+    show_reranker,
 )
 
 __all__ = ["DEVICES", "PRECISIONS", "QUALITY_WARN_PCT", "Progress", "handles_errors", "json_option",
@@ -102,8 +104,8 @@ def show_cmd(ref: str, device: str | None, as_json: bool) -> None:
     variants = [store.get(ref)] if ":" in ref else variants_of(store, ref)
     if not variants:
         store.get(ref)  # raises the not-installed error with its hint
-    if variants[0].kind == "embedding":
-        return _show_embedding(variants, as_json)
+    if variants[0].kind in ("embedding", "reranker"):
+        return (show_embedding if variants[0].kind == "embedding" else show_reranker)(variants, as_json)
     if variants[0].kind == "adapter":  # LoRA (docs/lora.md)
         v = variants[0]
         if as_json:
@@ -146,27 +148,6 @@ def show_cmd(ref: str, device: str | None, as_json: bool) -> None:
             click.echo(f"  graph         {_stale(v)['stale_graph']}")
     for d, r in choices.items():
         click.echo(f"on {d}: {r.model_id} - {r.reason}")
-
-
-def _show_embedding(variants: list[Any], as_json: bool) -> None:
-    from ortserve.models.embed_import import choose_embedding
-
-    chosen = choose_embedding(variants)
-    if as_json:
-        return _emit({"variants": [v.to_json() for v in variants], "selection": {"cpu": {"id": chosen.id}}})
-    for v in variants:
-        cfg = v.notes.get("embedding", {})
-        click.echo(f"{v.id}")
-        click.echo(f"  kind          embedding  {cfg.get('dimensions')} dims, {cfg.get('pooling')} pooling"
-                   + (", normalised" if cfg.get("normalize") else ""))
-        click.echo(f"  path          {v.model_dir}")
-        click.echo(f"  source        {v.source}")
-        click.echo(f"  architecture  {v.architecture}  max tokens {v.context_length}")
-        click.echo(f"  precision     {v.precision} for {v.device}")
-        click.echo(f"  size          {_fmt_mb(v.size_bytes)} in {len(v.files)} files")
-        click.echo(f"  quality       {_quality(v)} vs PyTorch on {v.quality.get('sentences', 0)} sentences")
-        click.echo(f"  speed         {_speed(v)} sentences/s (CPU)")
-    click.echo(f"on cpu: {chosen.id} - fastest variant with worst cosine >= 0.99 vs PyTorch")
 
 
 @models_group.command("import")

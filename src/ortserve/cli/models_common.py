@@ -93,6 +93,9 @@ def _fmt_mb(n: int) -> str:
 
 def _quality(v: Any) -> str:
     q = v.quality
+    if getattr(v, "kind", "chat") == "reranker":
+        d = q.get("max_abs_diff")
+        return f"max diff {d:.1e}" if d is not None else "-"
     if getattr(v, "kind", "chat") == "embedding":
         c = q.get("cosine_min")
         return f"cosine {q['cosine_mean']:.4f} (min {c:.4f})" if c is not None else "-"
@@ -103,7 +106,7 @@ def _quality(v: Any) -> str:
 
 
 def _speed(v: Any) -> str:
-    t = v.speed.get("decode_tps") or v.speed.get("sentences_per_s")
+    t = v.speed.get("decode_tps") or v.speed.get("sentences_per_s") or v.speed.get("pairs_per_s")
     return f"{t:g}" if t else "-"
 
 
@@ -159,3 +162,43 @@ def _options(block_size: str | None, algo: str | None, last_matmul: str | None,
     from ortserve.models.importer import quant_options
 
     return quant_options(int(block_size) if block_size else None, algo, last_matmul, accuracy_level)
+
+
+def show_reranker(variants: list[Any], as_json: bool) -> None:
+    """`models show` of a cross-encoder (docs/rerank.md)."""
+    if as_json:
+        return _emit({"variants": [v.to_json() for v in variants], "selection": {"cpu": {"id": variants[0].id}}})
+    for v in variants:
+        cfg = v.notes.get("reranker", {})
+        click.echo(f"{v.id}")
+        click.echo(f"  kind          reranker (cross-encoder)  max {cfg.get('max_length')} tokens per pair, "
+                   f"{cfg.get('activation')} on the logit")
+        click.echo(f"  path          {v.model_dir}")
+        click.echo(f"  source        {v.source}")
+        click.echo(f"  architecture  {v.architecture}")
+        click.echo(f"  size          {_fmt_mb(v.size_bytes)} in {len(v.files)} files")
+        click.echo(f"  quality       {_quality(v)} vs PyTorch on {v.quality.get('pairs', 0)} pairs")
+        click.echo(f"  speed         {_speed(v)} pairs/s (CPU)")
+        click.echo(f"  use it as     POST /v1/rerank {{\"model\": \"{v.model}\", ...}}")
+    return None
+
+
+def show_embedding(variants: list[Any], as_json: bool) -> None:
+    from ortserve.models.embed_import import choose_embedding
+
+    chosen = choose_embedding(variants)
+    if as_json:
+        return _emit({"variants": [v.to_json() for v in variants], "selection": {"cpu": {"id": chosen.id}}})
+    for v in variants:
+        cfg = v.notes.get("embedding", {})
+        click.echo(f"{v.id}")
+        click.echo(f"  kind          embedding  {cfg.get('dimensions')} dims, {cfg.get('pooling')} pooling"
+                   + (", normalised" if cfg.get("normalize") else ""))
+        click.echo(f"  path          {v.model_dir}")
+        click.echo(f"  source        {v.source}")
+        click.echo(f"  architecture  {v.architecture}  max tokens {v.context_length}")
+        click.echo(f"  precision     {v.precision} for {v.device}")
+        click.echo(f"  size          {_fmt_mb(v.size_bytes)} in {len(v.files)} files")
+        click.echo(f"  quality       {_quality(v)} vs PyTorch on {v.quality.get('sentences', 0)} sentences")
+        click.echo(f"  speed         {_speed(v)} sentences/s (CPU)")
+    click.echo(f"on cpu: {chosen.id} - fastest variant with worst cosine >= 0.99 vs PyTorch")
