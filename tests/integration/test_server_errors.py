@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from clocks import EngineHold
 from servers import ServerThread, free_port, wait_healthy
 
 MSG = [{"role": "user", "content": "hello"}]
@@ -142,24 +143,27 @@ def test_api_key_and_queue_full(tiny_model: Path) -> None:
         body = {"messages": MSG, "max_tokens": 1500, "min_tokens": 1500, "temperature": 0, "stream": True}
 
         async def main() -> None:
+            # the engine is held mid-request while the queue fills: the first request holds the one
+            # slot however fast the machine (a quick one could finish its 1,500 tokens meanwhile)
             async with httpx.AsyncClient(timeout=600, headers=auth) as client:
                 url = f"{s.url}/v1/chat/completions"
-                async with client.stream("POST", url, json=body) as running:
-                    lines = running.aiter_lines()
-                    assert (await lines.__anext__()).startswith("data: ")  # accepted (the role chunk)
-                    deadline = time.monotonic() + 60  # the event: it left the queue and holds the one slot
-                    while s.state.engine.stats().waiting and time.monotonic() < deadline:
-                        await asyncio.sleep(0.01)
-                    assert s.state.engine.stats().running == 1
-                    queued = asyncio.ensure_future(client.post(url, json={**body, "stream": False}))
-                    deadline = time.monotonic() + 60  # the event: the second request is queued
-                    while s.state.engine.stats().waiting != 1 and time.monotonic() < deadline:
-                        await asyncio.sleep(0.01)
-                    assert s.state.engine.stats().waiting == 1
-                    r = await client.post(url, json=body)
-                    assert_error(r, 429, None, "queue_full")
-                    assert r.headers["retry-after"] == "1"
-                    rest = [line async for line in lines if line.startswith("data: ")]
+                with EngineHold(s.state.engine.core) as hold:
+                    async with client.stream("POST", url, json=body) as running:
+                        lines = running.aiter_lines()
+                        assert (await lines.__anext__()).startswith("data: ")  # accepted (the role chunk)
+                        while not hold.held.is_set():  # the event: it left the queue and holds the slot
+                            await asyncio.sleep(0.01)
+                        assert s.state.engine.stats().running == 1
+                        queued = asyncio.ensure_future(client.post(url, json={**body, "stream": False}))
+                        deadline = time.monotonic() + 120  # the event: the second request is queued
+                        while s.state.engine.stats().waiting != 1 and time.monotonic() < deadline:
+                            await asyncio.sleep(0.01)
+                        assert s.state.engine.stats().waiting == 1
+                        r = await client.post(url, json=body)
+                        assert_error(r, 429, None, "queue_full")
+                        assert r.headers["retry-after"] == "1"
+                        hold.release()
+                        rest = [line async for line in lines if line.startswith("data: ")]
                 assert rest[-1] == "data: [DONE]"  # accepted requests still finish
                 done = await queued
                 assert done.status_code == 200 and done.json()["usage"]["completion_tokens"] == 1500

@@ -30,7 +30,7 @@ def post(srv: ServerThread, body: dict, path: str = "/v1/chat/completions") -> h
     return httpx.post(f"{srv.url}{path}", json=body, timeout=60)
 
 
-def wait_health(srv: ServerThread, status: int, timeout: float = 30.0) -> dict:
+def wait_health(srv: ServerThread, status: int, timeout: float = 120.0) -> dict:  # a hang guard only
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         r = httpx.get(f"{srv.url}/healthz", timeout=5)
