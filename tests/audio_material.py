@@ -96,10 +96,11 @@ def make_tiny_whisper(out: Path) -> Path:
 
 
 def import_tiny_whisper(store: ModelStore, work: Path) -> Path:
-    from ortserve.models.whisper_import import import_whisper
+    """Through `ortserve models import`'s own entry point (import_path), quality check included."""
+    from ortserve.models.importer import import_path
 
     hf = make_tiny_whisper(work / "tiny-whisper-hf")
-    return import_whisper(store, hf, "tiny-whisper", precision="fp32", quality=False).path
+    return import_path(store, hf, model_id="tiny-whisper", precision="fp32").path
 
 
 def speech_wav(text: str, out: Path) -> bytes:

@@ -152,7 +152,9 @@ def _audio_seconds(server: ServerThread) -> float:
 
 def test_manifest_kind_and_models_list(server: ServerThread) -> None:
     v = ModelStore(server.settings.store_dir).find("tiny-whisper")[0]
-    assert v.kind == "audio" and v.architecture == "whisper"
+    assert v.kind == "audio" and v.architecture == "whisper" and v.precision == "fp32"
+    assert v.quality["wer"] is None or v.quality["wer"] >= 0.5    # measured: random weights hear nothing
+    assert v.notes["source_format"] == "huggingface"
     assert json.loads((v.path / "genai_config.json").read_text())["model"]["type"] == "whisper"
 
 
