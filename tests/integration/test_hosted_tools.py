@@ -176,3 +176,14 @@ def test_anthropic_server_tools_are_left_out(srv: ServerThread) -> None:
                                          tools=[weather])  # type: ignore[list-item]
     used = raw.parse().usage
     assert used.input_tokens + (used.cache_read_input_tokens or 0) == count.input_tokens
+
+
+def test_chat_web_search_options_are_left_out(oai: OpenAI) -> None:
+    raw = oai.chat.completions.with_raw_response.create(
+        model="smollm2", max_tokens=4, messages=[{"role": "user", "content": "Hi"}],
+        web_search_options={"search_context_size": "low"})
+    assert raw.status_code == 200 and raw.headers[WARNING].endswith(": web_search_options")
+    assert raw.parse().choices[0].message.content
+    plain = oai.chat.completions.with_raw_response.create(model="smollm2", max_tokens=2,
+                                                          messages=[{"role": "user", "content": "Hi"}])
+    assert WARNING not in plain.headers

@@ -260,10 +260,12 @@ class ChatCompletionRequest(_Sampling):
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
     # vLLM's and llama-server's extension, as Qwen3's model card sends it: {"enable_thinking": false}
     chat_template_kwargs: dict[str, Any] | None = None
+    # OpenAI's hosted web search: not available offline, so left out with a warning (server/hosted_tools.py)
+    web_search_options: dict[str, Any] | None = None
     IGNORED: ClassVar[frozenset[str]] = OPENAI_IGNORED
     top_logprobs: int | None = Field(None, ge=0, le=20)
-    REFUSED: ClassVar[dict[str, str]] = {k: v for k, v in OPENAI_REFUSED.items()
-                                         if k not in TOOL_FIELDS and k not in ("top_logprobs", "reasoning_effort")}
+    REFUSED: ClassVar[dict[str, str]] = {k: v for k, v in OPENAI_REFUSED.items() if k not in TOOL_FIELDS
+                                         and k not in ("top_logprobs", "reasoning_effort", "web_search_options")}
 
     @model_validator(mode="before")
     @classmethod

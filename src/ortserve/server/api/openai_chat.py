@@ -26,6 +26,7 @@ from ortserve.server.conversation import (
     Usage,
     error_of,
 )
+from ortserve.server.hosted_tools import Hosted, note_dropped
 from ortserve.server.protocol import ChatCompletionRequest
 from ortserve.server.routed import routed_chat, wants_router
 from ortserve.server.sse import SSE_HEADERS, EventStream, sse
@@ -66,10 +67,15 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
         return add_to_response(await chat_completions(body, request), cites)
     st = state_of(request)
     span = span_of(request)
+    hosted = Hosted(["web_search_options"] if body.web_search_options is not None else [])
+    note_dropped(hosted.dropped, "/v1/chat/completions")
     if wants_router(st, body.model, st.served_id):
         st.ready_engine()
-        return await routed_chat(body, request, st, span)
+        routed = await routed_chat(body, request, st, span)
+        routed.headers.update(hosted.headers())
+        return routed
     conv = await Conversation.start(st, turn_of(body), span)
+    conv.headers.update(hosted.headers())  # web search was asked for and is not available offline
     rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     base = {"id": rid, "created": created, "model": conv.model, "system_fingerprint": None}
     if body.stream:
