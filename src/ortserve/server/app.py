@@ -59,7 +59,8 @@ from ortserve.telemetry import Telemetry, TelemetryMiddleware, span_of
 log = logging.getLogger("ortserve.server")
 KNOWN_ROUTES = {"/healthz", "/metrics", "/v1/chat", "/v1/chat/stream", "/v1/chat/completions",
                 "/v1/completions", "/v1/responses", "/v1/messages", "/v1/models", "/v1/admin/ps", "/v1/admin/load", "/v1/admin/unload",
-                "/v1/embeddings", "/v1/files", "/v1/audio/transcriptions", "/v1/audio/translations", "/v1/vector_stores", "/api/chat", "/api/generate", "/api/embed"}
+                "/v1/embeddings", "/v1/files", "/v1/audio/transcriptions", "/v1/audio/translations", "/v1/vector_stores", "/api/chat", "/api/generate", "/api/embed",
+                "/tokenize", "/detokenize", "/infill", "/v1/responses/input_tokens"}
 
 UPLOAD_PATHS = ("/v1/files", "/v1/audio/transcriptions", "/v1/audio/translations")   # max_upload_bytes
 
