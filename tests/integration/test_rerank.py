@@ -177,7 +177,7 @@ def test_vector_store_search_takes_a_reranker(srv: ServerThread, store_id: str, 
     top = httpx.post(url, json={"query": q, "ranking_options": {"ranker": RERANKER, "score_threshold": 1.0}}).json()
     assert top["data"] == [] or all(h["score"] >= 1.0 for h in top["data"])
     bad = httpx.post(url, json={"query": q, "ranking_options": {"ranker": "no-such-reranker"}}, timeout=60)
-    assert bad.status_code == 404 and bad.json()["error"]["param"] == "ranking_options.ranker", bad.text
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "ranking_options.ranker", bad.text
     fused = httpx.post(url, json={"query": q, "ranking_options": {"ranker": "auto"}}, timeout=60).json()["data"]
     assert fused[0]["filename"] == "paris.txt" and fused[0]["score"] != hits[0]["score"]
 
@@ -195,3 +195,22 @@ def test_file_search_answers_use_the_configured_reranker(srv: ServerThread, stor
     want = dict(zip(texts, reference.predict([(q, t) for t in texts.values()]), strict=True))
     assert [c["filename"] for c in cites] == sorted(want, key=lambda f: -want[f])[:2]   # the reranker's order
     assert all(abs(c["score"] - want[c["filename"]]) < 1e-4 for c in cites)
+
+
+def test_responses_file_search_tool_takes_a_reranker(srv: ServerThread, store_id: str, reference: Any) -> None:
+    import openai
+
+    oai = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0, timeout=300)
+    q = "What is the capital of France?"
+    tool: Any = {"type": "file_search", "vector_store_ids": [store_id], "max_num_results": 2,
+                 "ranking_options": {"ranker": RERANKER}}
+    r = oai.responses.create(model="smollm2-135m", input=q, tools=[tool], include=["file_search_call.results"],
+                             max_output_tokens=2)
+    fs = next(o for o in r.output if o.type == "file_search_call")
+    scores = [x.score for x in fs.results]
+    want = reference.predict([(q, x.text) for x in fs.results])
+    assert len(scores) == 2 and np.abs(np.array(scores) - want).max() < 1e-4 and scores == sorted(scores, reverse=True)
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.responses.create(model="smollm2-135m", input=q, max_output_tokens=2,
+                             tools=[{**tool, "ranking_options": {"ranker": "no-such-reranker"}}])
+    assert e.value.body["param"] == "tools.0.ranking_options.ranker"  # type: ignore[index]

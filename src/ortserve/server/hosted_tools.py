@@ -19,6 +19,7 @@ from typing import Any
 from ortserve.errors import InvalidRequest
 from ortserve.rag.answer import last_user_text, with_context
 from ortserve.server.rag_access import locked, open_rag
+from ortserve.server.reranking import RERANK_POOL, rerank_hits
 
 log = logging.getLogger("ortserve.server")
 
@@ -40,6 +41,7 @@ class FileSearch:
     filters: dict[str, Any] | None = None
     score_threshold: float = 0.0
     where: str = "tools.0"  # the tool's place in the request, for a 400 or 404 naming it
+    reranker: str | None = None  # ranking_options.ranker naming a reranker or chat model (docs/rerank.md)
 
 
 @dataclass
@@ -88,14 +90,15 @@ def file_search_of(tool: dict[str, Any], where: str) -> FileSearch:
         raise InvalidRequest(f"'{where}.filters' must be an object", param=f"{where}.filters")
     ranking = tool.get("ranking_options") or {}
     for key, value in ranking.items() if isinstance(ranking, dict) else [("", None)]:
-        ok = (key == "ranker" and value in RANKERS) or (
+        ok = (key == "ranker" and isinstance(value, str) and value.strip() != "") or (
             key == "score_threshold" and isinstance(value, int | float) and 0 <= value <= 1)
         if not ok:
             raise InvalidRequest(f"'{where}.ranking_options.{key}' is not supported (ranker "
-                                 f"{'/'.join(sorted(RANKERS))}, score_threshold 0..1)",
+                                 f"{'/'.join(sorted(RANKERS))} or a reranker model, score_threshold 0..1)",
                                  param=f"{where}.ranking_options" + (f".{key}" if key else ""))
     threshold = float(ranking.get("score_threshold", 0.0)) if isinstance(ranking, dict) else 0.0
-    return FileSearch(ids, k, filters, threshold, where)
+    ranker = ranking.get("ranker") if isinstance(ranking, dict) else None
+    return FileSearch(ids, k, filters, threshold, where, None if ranker in RANKERS or ranker is None else ranker)
 
 
 async def run_file_search(st: Any, searches: list[FileSearch], messages: list[dict[str, Any]],
@@ -107,11 +110,15 @@ async def run_file_search(st: Any, searches: list[FileSearch], messages: list[di
         raise InvalidRequest("file_search needs a user message to search for", param=param)
     rag = open_rag(st)
     hits: list[dict[str, Any]] = []
+    k = max(fs.max_num_results for fs in searches)
     for fs in searches:
         for vid in fs.vector_store_ids:
             await locked(rag.vector_store, vid)  # a 404 naming the store before any search
+        reranker = fs.reranker or st.settings.rag_reranker   # the tool's ranker, else the server's
         for vid in fs.vector_store_ids:
-            hits += await locked(rag.search, vid, query, k=fs.max_num_results, filters=fs.filters,
-                                 score_threshold=fs.score_threshold)
-    hits = sorted(hits, key=lambda h: -h["score"])[:max(fs.max_num_results for fs in searches)]
+            found = await locked(rag.search, vid, query, k=RERANK_POOL if reranker else fs.max_num_results,
+                                 filters=fs.filters, score_threshold=0.0 if reranker else fs.score_threshold)
+            hits += await rerank_hits(st, reranker, query, found, fs.max_num_results, fs.score_threshold,
+                                      param=f"{fs.where}.ranking_options.ranker") if reranker else found
+    hits = sorted(hits, key=lambda h: -h["score"])[:k]
     return query, hits, with_context(messages, hits) if hits else messages

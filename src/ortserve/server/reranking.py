@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ortserve.errors import ContextLengthExceeded, InvalidRequest, OrtServeError
+from ortserve.errors import ContextLengthExceeded, InvalidRequest, NotFound, OrtServeError
 from ortserve.rerank import Ranked, order
 from ortserve.rerank.cross_encoder import CrossEncoder
 from ortserve.rerank.judge import judge
@@ -114,12 +114,16 @@ def _clip(codec: Any, text: str, limit: int | None) -> str:
 async def rerank_hits(state: Any, model: str, query: str, hits: list[dict[str, Any]], k: int,
                       threshold: float = 0.0, *, param: str = "model") -> list[dict[str, Any]]:
     """Vector-store hits reordered by the reranker: its score replaces the fused one, then
-    ``threshold`` and ``k`` apply. A wrong model name is an error naming ``param``."""
+    ``threshold`` and ``k`` apply. A wrong model name is an error naming ``param``: there a 400
+    (a bad value of an options field, as OpenAI answers a wrong ranker), not the 404 of ``model``."""
     try:
         holder_of(state).variant(model) or await state.engine_for(model)
     except OrtServeError as exc:
-        if exc.param == "model":
-            exc.param = param
+        if exc.param != "model" or param == "model":
+            raise
+        if isinstance(exc, NotFound):
+            raise InvalidRequest(exc.message, param=param, code=exc.code) from None
+        exc.param = param
         raise
     if not hits:
         return []
