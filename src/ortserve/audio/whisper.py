@@ -189,11 +189,14 @@ class WhisperModel:
         language = opts.language
         found.language = LANGUAGES.get(language, language) if language else ""
         rng = np.random.default_rng(opts.seed)
-        prompt, seek = opts.prompt.strip(), 0
+        # the previous text as Whisper conditions on it: its tokens, timestamps included (without
+        # them the model stops writing timestamps, and windows lose their last sentence)
+        history = [int(i) for i in self.tokenizer.encode(" " + opts.prompt.strip())] if opts.prompt.strip() else []
+        seek = 0
         while seek < n - RATE // 100:          # less than 10 ms left: nothing to hear
             window = pcm[seek:seek + WINDOW]
             size = len(window)
-            t = self._window(window, prompt, language, opts, rng)
+            t = self._window(window, self.prompt_text(history[-PROMPT_TOKENS:]), language, opts, rng)
             if language is None:
                 language = t.language
                 found.language = LANGUAGES.get(language, language)
@@ -204,16 +207,24 @@ class WhisperModel:
             for s in segments:
                 s.id = len(found.segments)
                 found.segments.append(s)
+                history.extend(s.tokens)
                 yield s
             seek += advance
-            said = " ".join(s.text.strip() for s in found.segments)
-            prompt = "" if t.temperature > 0.5 else said[-1000:]
-            if prompt:
-                prompt = self._tail(prompt)
+            if t.temperature > 0.5:
+                history = []                    # a hard window: do not condition the next on it
 
-    def _tail(self, text: str) -> str:
-        ids = self.tokenizer.encode(" " + text)
-        return self.text_of([int(i) for i in ids[-PROMPT_TOKENS:]]) if len(ids) > PROMPT_TOKENS else text
+    def prompt_text(self, tokens: list[int]) -> str:
+        """Tokens as the prompt string og's tokenizer reads back: text, and timestamps as <|x.xx|>."""
+        tb, out, run = self.special.timestamp_begin, [], []
+        for t in tokens:
+            if t >= tb:
+                out.append(self.text_of(run))
+                out.append(f"<|{(t - tb) * STAMP:.2f}|>")
+                run = []
+            elif t < self.special.eot:
+                run.append(t)
+        out.append(self.text_of(run))
+        return "".join(out)
 
     def _segments(self, t: _Try, seek: int, size: int, total: int) -> tuple[list[Segment], int]:
         """Split a window's tokens at its timestamp pairs (transcribe.py); how far to move on."""
