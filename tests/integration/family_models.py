@@ -63,6 +63,9 @@ def imported_family(name: str) -> Path:
         import_gguf_streamed(family_gguf(Path(tmp), name), Path(tmp) / "model", smoke=False)
         shutil.rmtree(out, ignore_errors=True)
         (Path(tmp) / "model").rename(out)   # whole or not at all
+    for old in out.parent.parent.iterdir():   # imports of older sources are never read again
+        if old != out.parent and old.is_dir():
+            shutil.rmtree(old, ignore_errors=True)
     return out
 
 

@@ -19,24 +19,24 @@ gguf = pytest.importorskip("gguf")
 
 from ortserve.engine.guidance import Constraint, Guidance, allocate_masks
 from ortserve.errors import ModelError
-from ortserve.models.gguf_fast import write_tokenizer
 from ortserve.models.gguf_vocab import tokenizer_size
 
 LLAMA3_ROWS = 128256
 
 
 @pytest.fixture(scope="module")
-def llama3_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def llama3_tokenizer(family_models: dict[str, Path]) -> Path:
+    """The importer's output for a Llama-3.2-shaped GGUF with the real ``llama-bpe`` vocabulary
+    (tests/integration/family_models.py: imported once, cached)."""
     from tests.llamacpp import vocab
 
-    src = vocab("llama-bpe")
-    assert len(gguf.GGUFReader(str(src)).fields["tokenizer.ggml.tokens"].data) == LLAMA3_ROWS
-    out = tmp_path_factory.mktemp("llama3-tok")
-    write_tokenizer(src, out, LLAMA3_ROWS)
-    return out
+    assert len(gguf.GGUFReader(str(vocab("llama-bpe"))).fields["tokenizer.ggml.tokens"].data) == LLAMA3_ROWS
+    return family_models["llama3.2-1b"]
 
 
 def test_written_tokenizer_has_the_model_rows_and_guidance_builds(llama3_tokenizer: Path) -> None:
+    assert json.loads((llama3_tokenizer / "genai_config.json").read_text(encoding="utf-8"))["model"][
+        "vocab_size"] == LLAMA3_ROWS
     tok = json.loads((llama3_tokenizer / "tokenizer.json").read_text(encoding="utf-8"))
     assert tokenizer_size(llama3_tokenizer / "tokenizer.json") == LLAMA3_ROWS
     assert "<|endoftext|>" not in {a["content"] for a in tok["added_tokens"]}

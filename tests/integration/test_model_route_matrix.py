@@ -154,6 +154,8 @@ def run_matrix(url: str, models: dict[str, str]) -> list[tuple[str, str, str, in
                         assert r.status_code == 200, where
                     if r.status_code == 200:
                         assert (why := _answer_ok(route, mode, r)) is None, (*where[:3], why)
+                    if mode.startswith("tools") and route in ("completions", "seed", "embeddings"):
+                        assert r.status_code in (400, 404), where   # refused, never silently ignored
                     if kind == "embedding":
                         assert r.status_code == 200 or route != "embeddings" or mode != "plain", where
     return out
