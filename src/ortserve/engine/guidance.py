@@ -88,6 +88,7 @@ class Guidance:
         self._cache: OrderedDict[str, Any] = OrderedDict()
         self._cache_size = cache_size
         self._vocab: Any = None  # engine/closing.py's view of the tokens, built on first use
+        self._shortest: dict[str, int | None] = {}  # constraint key -> tokens of its shortest answer
         self.compiles = 0
         self.hits = 0
 
@@ -151,12 +152,20 @@ class Guidance:
         policy = policy_for(constraint.kind, constraint.text, self.vocab, constraint.max_tokens)
         return Guide(proto.deep_copy(), self.vocab_size, policy)
 
-    def shortest(self, constraint: Constraint, limit: int = 4096) -> int | None:
+    def shortest(self, constraint: Constraint) -> int | None:
         """Tokens of the shortest answer the closing policies can end this constraint with
-        (engine/closing.py; None past ``limit``): a budget below it cannot hold a parseable answer."""
+        (engine/closing.py; None past 4096): a budget below it cannot hold a parseable answer.
+        Found once per grammar (a few dozen mask computations), then cached with it."""
         from ortserve.engine.closing import shortest_answer
 
-        return shortest_answer(self.guide(replace(constraint, max_tokens=None)).matcher, self.vocab, limit)
+        key = constraint.key()
+        if key not in self._shortest:
+            need = shortest_answer(self.guide(replace(constraint, max_tokens=None)).matcher, self.vocab, 4096)
+            with self._lock:
+                if len(self._shortest) >= self._cache_size:
+                    self._shortest.pop(next(iter(self._shortest)))
+                self._shortest[key] = need
+        return self._shortest[key]
 
     def fill_masks(self, guides: list[tuple[Guide, int]], out: np.ndarray) -> None:
         """Write each guide's next-token mask into row ``i`` of ``out`` (in parallel threads)."""

@@ -111,7 +111,7 @@ def constrain(engine: AsyncEngine, params: SamplingParams, constraint: Constrain
 def _call_fits(engine: AsyncEngine, constraint: Constraint, max_tokens: int) -> None:
     """``required`` or a named tool means a call: a budget that cannot hold the shortest one is a
     400 now, not an answer without a call later."""
-    need = engine.guidance.shortest(constraint, max(max_tokens, 4096))
+    need = engine.guidance.shortest(constraint)
     if need is not None and need > max_tokens:
         raise InvalidRequest(f"max_tokens {max_tokens} cannot hold a tool call: the shortest call this "
                              f"tool_choice allows takes {need} tokens", param="max_tokens")
