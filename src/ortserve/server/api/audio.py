@@ -54,6 +54,7 @@ def _one(form: Any, name: str) -> str | None:
 
 async def parse(request: Request, task: str) -> AudioRequest:
     if not request.headers.get("content-type", "").startswith("multipart/form-data"):
+        await request.body()  # read first: an oversized body is the guard's 413, as on every route
         raise InvalidRequest("send the audio as multipart/form-data with a 'file' field", param="file")
     try:
         form = await request.form(max_files=1, max_fields=32)
