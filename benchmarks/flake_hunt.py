@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CLOCK = re.compile(r"time\.(sleep|monotonic|perf_counter|time)\(|asyncio\.sleep\((?!0\))|\bwait_for\(|"
                    r"\bdeadline\b|timeout=0?\.\d|timeout=0\b|ManualClock|EngineHold|wait_until\(|wait_idle\(|"
                    r"keep_alive=|stall_timeout|load_wait=|sse_ping_seconds|wait_for_timeout\(")
-RUN_ID = re.compile(r"(-|\[)run\d+\]$")  # the repeat's own parameter, dropped from the test's name
+RUN_ID = re.compile(r"(-|\[)run\d+(-|\])")  # the repeat's own parameter, dropped from the test's name
 FORMERLY_FLAKY = "tests/integration/test_engine_robust.py::test_time_budgeted_prefill_gives_the_same_tokens"
 
 
@@ -64,7 +64,7 @@ def pytest_runtest_logreport(report: Any) -> None:
     out = os.environ.get("FLAKE_REPORT")
     if not out or not (report.when == "call" or report.outcome != "passed"):
         return  # one line per test run: its call, or the setup/teardown that failed or skipped it
-    test = RUN_ID.sub(lambda m: "]" if m.group(1) == "-" else "", report.nodeid)
+    test = RUN_ID.sub(lambda m: m.group(1) if m.group(2) == "-" else "]" if m.group(1) == "-" else "", report.nodeid)
     with Path(out).open("a", encoding="utf-8") as f:
         f.write(json.dumps({"test": test, "when": report.when, "outcome": report.outcome,
                             "seconds": round(report.duration, 3)}) + "\n")
