@@ -117,8 +117,9 @@ class StoreError(OrtServeError):
     code = "store_error"
 
 
-class StorageFull(OrtServeError):
-    """The disk under ORTSERVE_HOME is full: nothing was written (HTTP 507 Insufficient Storage)."""
+class StorageFull(StoreError):
+    """The disk under ORTSERVE_HOME is full: nothing was written (HTTP 507 Insufficient Storage). A
+    StoreError, so what catches a failed install catches this one too."""
 
     status = 507
     type = "server_error"
