@@ -9,9 +9,12 @@ threads: ONNX Runtime releases the GIL, so chat streams go on while audio decode
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
+import os
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -20,6 +23,7 @@ from ortserve.errors import InvalidRequest, NotFound, Overloaded
 from ortserve.models.store import ModelStore, Variant
 from ortserve.models.whisper_import import PACKAGED_ID, PACKAGES, import_packaged
 
+AUDIO_NICE = 10     # audio threads' nice value: below chat, which keeps 0
 OPENAI_NAMES = ("whisper-1", "gpt-4o-transcribe", "gpt-4o-mini-transcribe", "default")
 
 
@@ -37,6 +41,9 @@ class SpeechHolder:
         self.admitted = 0               # running + waiting
         self.manager: Any = None        # server/manager.ModelManager: budget, keep_alive, ps
         self.metrics: tuple[Any, Any, Any] | None = None   # Prometheus series (bind_metrics)
+        # audio work runs in its own threads at a lower CPU priority (ONNX Runtime's threads, made
+        # while a model loads here, inherit it), so chat steps win the cores when both want them
+        self.pool = ThreadPoolExecutor(max(1, concurrency), thread_name_prefix="audio", initializer=lower_priority)
 
     def resolve(self, ref: str | None) -> Variant:
         """The audio variant a request names: 404 unknown, 400 a model of another kind."""
@@ -105,7 +112,19 @@ class SpeechHolder:
             Gauge("ortserve_audio_real_time_factor", "Processing over audio seconds, last request", registry=registry))
 
 
-async def stream_thread(produce: Callable[[], Iterator[Any]]) -> AsyncIterator[Any]:
+def lower_priority(nice: int = AUDIO_NICE) -> None:
+    """Raise this thread's nice value (Linux: per thread); elsewhere, or where refused, nothing."""
+    if hasattr(os, "setpriority"):
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+
+
+async def run_in(pool: ThreadPoolExecutor, fn: Callable[[], Any]) -> Any:
+    return await asyncio.get_running_loop().run_in_executor(pool, fn)
+
+
+async def stream_thread(produce: Callable[[], Iterator[Any]], pool: ThreadPoolExecutor | None = None
+                        ) -> AsyncIterator[Any]:
     """Items of a blocking iterator run in a worker thread, as they come (errors re-raised here)."""
     loop = asyncio.get_running_loop()
     q: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
@@ -121,7 +140,7 @@ async def stream_thread(produce: Callable[[], Iterator[Any]]) -> AsyncIterator[A
         except Exception as exc:  # noqa: BLE001 - handed to the request: its own error, never the server's
             loop.call_soon_threadsafe(q.put_nowait, ("error", exc))
 
-    task = loop.run_in_executor(None, work)
+    task = loop.run_in_executor(pool, work)
     try:
         while True:
             kind, item = await q.get()

@@ -24,7 +24,7 @@ from ortserve.audio.formats import MEDIA_TYPES, RESPONSE_FORMATS, render
 from ortserve.audio.tokens import LANGUAGES, NAMES
 from ortserve.audio.whisper import Options, Transcript
 from ortserve.errors import InvalidRequest, OrtServeError
-from ortserve.server.speech import SpeechHolder, stream_thread
+from ortserve.server.speech import SpeechHolder, run_in, stream_thread
 from ortserve.server.state import state_of
 
 router = APIRouter()
@@ -130,17 +130,21 @@ async def _serve(request: Request, task: str) -> Response:
     holder: SpeechHolder = st.speech
     body = await parse(request, task)
     audio: Audio = await asyncio.to_thread(decode, body.data, max_seconds=st.settings.audio_max_seconds)
-    _, model = await asyncio.to_thread(holder.get, body.model)
-    if body.options.language not in (None, "en") and not model.multilingual:
-        raise InvalidRequest("this Whisper model is English-only", param="language")
     holder.reserve()       # 429 here, before any response starts
+    try:                   # the model loads in the audio threads (their lower priority is inherited)
+        _, model = await run_in(holder.pool, lambda: holder.get(body.model))
+        if body.options.language not in (None, "en") and not model.multilingual:
+            raise InvalidRequest("this Whisper model is English-only", param="language")
+    except BaseException:
+        holder.release()
+        raise
     found = Transcript()
     if body.stream:
         return StreamingResponse(_events(holder, model, audio, body, found), media_type="text/event-stream")
     try:
         async with holder.slot():
             t0 = time.perf_counter()
-            await asyncio.to_thread(lambda: list(model.transcribe(audio, body.options, found)))
+            await run_in(holder.pool, lambda: list(model.transcribe(audio, body.options, found)))
             holder.count(task, audio.seconds, time.perf_counter() - t0)
     finally:
         holder.release()
@@ -155,7 +159,7 @@ async def _events(holder: SpeechHolder, model: Any, audio: Audio, body: AudioReq
     try:
         async with holder.slot():
             t0 = time.perf_counter()
-            async for seg in stream_thread(lambda: model.transcribe(audio, body.options, found)):
+            async for seg in stream_thread(lambda: model.transcribe(audio, body.options, found), holder.pool):
                 yield _sse({"type": "transcript.text.delta", "delta": seg.text})
             holder.count(body.options.task, audio.seconds, time.perf_counter() - t0)
         yield _sse({"type": "transcript.text.done", "text": found.text})
