@@ -16,11 +16,15 @@ from ortserve.server.app import create_app
 
 
 class ServerThread:
-    def __init__(self, model_dir: Path, model_id: str = "tiny", **settings: Any) -> None:
+    def __init__(self, model_dir: Path, model_id: str = "tiny", manager_clock: Any = None, **settings: Any) -> None:
+        """``manager_clock``: the model manager's clock from the start (tests/clocks.py ManualClock),
+        so nothing expires by real time before the test looks, however long the start takes."""
         self.port = free_port()
         self.settings = load_settings(host="127.0.0.1", port=self.port, **settings)
         self.app = create_app(self.settings, model_dir=model_dir, model_id=model_id)
         self.state = self.app.state.ortserve
+        if manager_clock is not None:
+            self.state.manager.clock = manager_clock
         self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port,
                                                     log_level="warning", timeout_graceful_shutdown=5))
         self.thread = threading.Thread(target=self.server.run, daemon=True)

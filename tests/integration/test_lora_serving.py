@@ -88,8 +88,8 @@ def test_unused_adapters_unload_after_keep_alive(lora: SimpleNamespace, tiny_mod
     msg = [{"role": "user", "content": "Say hi"}]
     # The manager's clock moves only when the test says: an adapter stays between the checks
     # however slow the machine, and expires when its keep_alive has passed on that clock.
-    with ServerThread(tiny_model, home=lora.home, keep_alive=30) as srv:  # the base is pinned: it stays
-        clock = srv.state.manager.clock = ManualClock()
+    clock = ManualClock()  # the manager's from the start: a slow start expires nothing
+    with ServerThread(tiny_model, home=lora.home, keep_alive=30, manager_clock=clock) as srv:  # the base is pinned
         client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="none")
 
         def ps() -> dict:
@@ -168,14 +168,16 @@ def test_adapter_stacks_are_built_off_the_event_loop(lora: SimpleNamespace, tiny
         return build(self, adapters)
 
     msg = [{"role": "user", "content": "Say hi"}]
-    with ServerThread(tiny_model, home=lora.home, keep_alive=30) as srv:
+    clock = ManualClock()  # the manager's from the start: the adapters go only when the test says
+    with ServerThread(tiny_model, home=lora.home, keep_alive=30, manager_clock=clock) as srv:
         monkeypatch.setattr(Runner, "lora_inputs", spy)
-        srv.state.manager.clock = ManualClock()
 
         def ps() -> dict:
             return httpx.get(f"{srv.url}/v1/admin/ps", timeout=10).json()["models"][0]
 
-        srv.state.manager.clock.advance(30)
+        assert wait_until(lambda: sorted(ps()["adapters"]) == ["my-adapter", "other"])  # loaded with the base
+        srv.reap()  # the reaper has seen them (their idle time starts now), then 30 s pass
+        clock.advance(30)
         assert wait_until(lambda: not ps()["adapters"])  # both dropped by the reaper
         client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="none")
         out = client.chat.completions.create(model="tiny:my-adapter", messages=msg, max_tokens=4, temperature=0)

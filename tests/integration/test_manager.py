@@ -94,8 +94,8 @@ def test_two_store_models_served_by_one_server(home: Path, tiny_model: Path) -> 
 def test_keep_alive_unloads_and_next_request_reloads(home: Path, tiny_model: Path) -> None:
     # The manager's clock is moved by hand: what is tested is the decision keep_alive makes on
     # the idle time it reads, however slowly a loaded machine answers between the steps.
-    with ServerThread(tiny_model, home=home, keep_alive=30) as srv:
-        clock = srv.state.manager.clock = ManualClock()
+    clock = ManualClock()
+    with ServerThread(tiny_model, home=home, keep_alive=30, manager_clock=clock) as srv:
         assert chat(srv, A).status_code == 200
         srv.reap()
         row = next(m for m in ps(srv)["models"] if m["model"] == A)
@@ -194,8 +194,8 @@ def test_a_routing_rule_can_target_any_store_model(home: Path, tiny_model: Path,
 def test_embedding_models_share_the_manager(tiny_model: Path, embedding_model: Path, tmp_path: Path) -> None:
     # the manager's clock is moved by hand: the model stays loaded between the checks however
     # slow the machine, and expires when the test says its keep_alive has passed
-    with ServerThread(tiny_model, rag_dir=tmp_path / "rag", keep_alive=30) as srv:
-        clock = srv.state.manager.clock = ManualClock()
+    clock = ManualClock()
+    with ServerThread(tiny_model, rag_dir=tmp_path / "rag", keep_alive=30, manager_clock=clock) as srv:
         def embed() -> httpx.Response:
             return httpx.post(f"{srv.url}/v1/embeddings", json={"input": "hello"}, timeout=60)
 
