@@ -55,6 +55,7 @@ def test_a_ggufs_fim_keys_are_kept_in_the_tokenizer_config(tmp_path) -> None:  #
     import gguf
 
     from ortserve.models.gguf_vocab import keep_fim_ids
+    from ortserve.models.validate import gguf_metadata
 
     path = tmp_path / "fim.gguf"
     w = gguf.GGUFWriter(str(path), "llama")
@@ -67,7 +68,7 @@ def test_a_ggufs_fim_keys_are_kept_in_the_tokenizer_config(tmp_path) -> None:  #
     out = tmp_path / "model"
     out.mkdir()
     (out / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>"}), encoding="utf-8")
-    assert keep_fim_ids(path, out) == {"pre": 151659, "suf": 151661, "mid": 151660, "sep": 151664}
+    assert keep_fim_ids(gguf_metadata(path), out) == {"pre": 151659, "suf": 151661, "mid": 151660, "sep": 151664}
     cfg = json.loads((out / "tokenizer_config.json").read_text(encoding="utf-8"))
     assert cfg["eos_token"] == "<|endoftext|>"
     fim = find_fim(lambda _t: None, cfg["fim_token_ids"])

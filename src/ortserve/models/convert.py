@@ -20,6 +20,7 @@ from typing import Any
 
 from ortserve.errors import DependencyMissing, ModelError
 from ortserve.models.gguf_vocab import fit_tokenizer, keep_fim_ids
+from ortserve.models.validate import gguf_metadata
 from ortserve.models.winjob import kill_with_parent
 
 PRECISIONS = ("fp32", "fp16", "int8", "int4")
@@ -70,7 +71,7 @@ def gguf_to_hf(gguf_path: Path, out_dir: Path, progress: Progress | None = None)
     model.save_pretrained(str(out_dir))
     tok.save_pretrained(str(out_dir))
     fit_tokenizer(out_dir, int(model.config.vocab_size))   # no id past the model's rows (issue 46)
-    keep_fim_ids(gguf_path, out_dir)  # its fill-in-the-middle tokens, where the file names them
+    keep_fim_ids(gguf_metadata(gguf_path), out_dir)  # its fill-in-the-middle tokens, where the file names them
     return out_dir
 
 

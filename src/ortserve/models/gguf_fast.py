@@ -30,6 +30,7 @@ from ortserve.models.gguf_rope import scales_rope
 from ortserve.models.gguf_stream import DataFile
 from ortserve.models.gguf_vocab import fit_tokenizer, keep_fim_ids
 from ortserve.models.quality import release_freed_memory
+from ortserve.models.validate import gguf_metadata
 
 Progress = Callable[[str], None]
 GRAPH_VERSION = 3   # gguf_exact.GRAPH_VERSIONS: 3 = written from metadata, blocks streamed
@@ -115,7 +116,7 @@ def write_tokenizer(gguf_path: Path, out_dir: Path, rows: int) -> None:
         raise ModelError(f"cannot read the tokenizer of {gguf_path.name}: {exc}".splitlines()[0]) from exc
     tok.save_pretrained(str(out_dir))
     fit_tokenizer(out_dir, rows)
-    keep_fim_ids(gguf_path, out_dir)  # its fill-in-the-middle tokens, where the file names them
+    keep_fim_ids(gguf_metadata(gguf_path), out_dir)  # its fill-in-the-middle tokens, where the file names them
 
 
 def smoke_logits(model_dir: Path, spec: Spec, n_tokens: int = 8) -> float:

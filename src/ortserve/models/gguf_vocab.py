@@ -94,15 +94,12 @@ def tokenizer_size(tokenizer_json: Path) -> int:
 FIM_KEYS = ("pre", "suf", "mid", "pad", "rep", "sep")  # tokenizer.ggml.fim_<key>_token_id
 
 
-def keep_fim_ids(gguf_path: Path, out_dir: Path) -> dict[str, int]:
+def keep_fim_ids(meta: Mapping[str, Any], out_dir: Path) -> dict[str, int]:
     """The GGUF's fill-in-the-middle token ids (``tokenizer.ggml.fim_*_token_id``, as llama.cpp's
-    converter writes them), kept in the written ``tokenizer_config.json`` as ``fim_token_ids``
-    (engine/fim.py reads them there before looking for the tokens by their text)."""
-    from gguf import GGUFReader
-
-    fields = GGUFReader(str(gguf_path)).fields
-    ids = {k: int(f.parts[f.data[0]][0]) for k in FIM_KEYS
-           if (f := fields.get(f"tokenizer.ggml.fim_{k}_token_id")) is not None}
+    converter writes them; ``meta`` is the file's metadata, validate.gguf_metadata), kept in the
+    written ``tokenizer_config.json`` as ``fim_token_ids`` (engine/fim.py reads them there before
+    looking for the tokens by their text)."""
+    ids = {k: int(v) for k in FIM_KEYS if (v := meta.get(f"tokenizer.ggml.fim_{k}_token_id")) is not None}
     if ids:
         path = out_dir / "tokenizer_config.json"
         cfg = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
