@@ -1,0 +1,74 @@
+/* Private to the kernels_*.c files: block structs, the activation scratch layout, the dispatch table. */
+#ifndef ORTSERVE_KERNELS_INTERNAL_H
+#define ORTSERVE_KERNELS_INTERNAL_H
+
+#include "kernels.h"
+
+#define QK 32    /* elements per block of the 32-families */
+#define QKK 256  /* elements per K-quant super-block */
+
+/* Weight blocks exactly as ggml writes them (fp16 fields as raw bits). */
+typedef struct { uint16_t d; uint8_t qs[16]; } blk_q4_0;                  /* 18 bytes: (q-8)*d */
+typedef struct { uint16_t d, m; uint8_t qs[16]; } blk_q4_1;               /* 20 bytes: q*d + m */
+typedef struct { uint16_t d; uint8_t qh[4]; uint8_t qs[16]; } blk_q5_0;   /* 22 bytes: (q-16)*d */
+typedef struct { uint16_t d, m; uint8_t qh[4]; uint8_t qs[16]; } blk_q5_1;/* 24 bytes: q*d + m */
+typedef struct { uint16_t d; int8_t qs[32]; } blk_q8_0;                   /* 34 bytes: q*d */
+typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[128]; } blk_q4_k;              /* 144 */
+typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[32]; uint8_t qs[128]; } blk_q5_k; /* 176 */
+typedef struct { uint8_t ql[128]; uint8_t qh[64]; int8_t scales[16]; uint16_t d; } blk_q6_k;     /* 210 */
+
+/* Activation blocks (private layout). For the 32-families: scale, the sum of the 32 int8 values
+ * (for the offset / minimum terms), the values. For K-quants: the values, the sums of each 16, scale. */
+typedef struct { float d; int32_t sum; int8_t qs[32]; } act32;                        /* 40 bytes */
+typedef struct { int8_t qs[256]; int16_t bsums[16]; float d; } act256;                /* 292 bytes */
+
+_Static_assert(sizeof(blk_q4_0) == 18, "q4_0");
+_Static_assert(sizeof(blk_q4_1) == 20, "q4_1");
+_Static_assert(sizeof(blk_q5_0) == 22, "q5_0");
+_Static_assert(sizeof(blk_q5_1) == 24, "q5_1");
+_Static_assert(sizeof(blk_q8_0) == 34, "q8_0");
+_Static_assert(sizeof(blk_q4_k) == 144, "q4_k");
+_Static_assert(sizeof(blk_q5_k) == 176, "q5_k");
+_Static_assert(sizeof(blk_q6_k) == 210, "q6_k");
+_Static_assert(sizeof(act32) == 40, "act32");
+_Static_assert(sizeof(act256) == 292, "act256");
+
+float osg_f16_to_f32(uint16_t h);
+
+/* One K-quant sub-block's 6-bit scale and minimum (j in 0..7), unpacked from the 12 packed bytes. */
+static inline void osg_scale_min_k4(const uint8_t *s, int j, uint8_t *sc, uint8_t *m) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (uint8_t)((s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4));
+        *m = (uint8_t)((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
+    }
+}
+
+/* Round half to even, as cvtps2dq and numpy.rint do, without libm (|x| < 2^22). */
+static inline int osg_round(float x) {
+    const float big = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer in the last place */
+    float r = (x + big) - big;
+    return (int)r;
+}
+
+/* dot of one weight row (nb blocks) with one activation row */
+typedef float (*osg_dot_fn)(int64_t nb, const void *w, const void *a);
+/* the same weight row against `m` activation rows `astride` bytes apart; out[i*ostride] = dot */
+typedef void (*osg_dot_multi_fn)(int64_t nb, const void *w, const void *a, size_t astride, int64_t m,
+                                 float *out, int64_t ostride);
+/* quantize one row of k floats into blocks of 32 (act32) or 256 (act256) */
+typedef void (*osg_quant_fn)(const float *x, void *xq, int64_t k);
+
+typedef struct {
+    osg_dot_fn dot[16];          /* by ggml type id; NULL falls back to the scalar entry */
+    osg_dot_multi_fn multi[16];  /* optional; NULL: dot per activation row */
+    osg_quant_fn quant32, quant256;
+} osg_kernels;
+
+extern const osg_kernels osg_scalar_kernels;
+int osg_fill_avx2(osg_kernels *k);    /* returns 0 when built without x86 support */
+int osg_fill_avx512(osg_kernels *k);
+
+#endif

@@ -1,0 +1,134 @@
+/* The scalar dot products: the definition every SIMD path is tested against. Each block gives an exact
+ * integer sum; floats enter as (weight scale * activation scale) * that sum, summed over blocks. */
+#include <string.h>
+
+#include "kernels_internal.h"
+
+int osg_q6_k_value(const blk_q6_k *b, int e);
+
+static float dot_q4_0(int64_t nb, const void *w, const void *a) {
+    const blk_q4_0 *x = (const blk_q4_0 *)w;
+    const act32 *y = (const act32 *)a;
+    float s = 0.0f;
+    for (int64_t i = 0; i < nb; i++) {
+        int32_t q = 0;
+        for (int j = 0; j < 16; j++) q += (x[i].qs[j] & 0x0F) * y[i].qs[j] + (x[i].qs[j] >> 4) * y[i].qs[j + 16];
+        s += (osg_f16_to_f32(x[i].d) * y[i].d) * (float)(q - 8 * y[i].sum);
+    }
+    return s;
+}
+
+static float dot_q4_1(int64_t nb, const void *w, const void *a) {
+    const blk_q4_1 *x = (const blk_q4_1 *)w;
+    const act32 *y = (const act32 *)a;
+    float s = 0.0f;
+    for (int64_t i = 0; i < nb; i++) {
+        int32_t q = 0;
+        for (int j = 0; j < 16; j++) q += (x[i].qs[j] & 0x0F) * y[i].qs[j] + (x[i].qs[j] >> 4) * y[i].qs[j + 16];
+        s += (osg_f16_to_f32(x[i].d) * y[i].d) * (float)q + (osg_f16_to_f32(x[i].m) * y[i].d) * (float)y[i].sum;
+    }
+    return s;
+}
+
+static int32_t q5_sum(const uint8_t *qs, const uint8_t *qh4, const int8_t *a) {
+    uint32_t qh;
+    memcpy(&qh, qh4, 4);
+    int32_t q = 0;
+    for (int j = 0; j < 16; j++) {
+        int lo = (qs[j] & 0x0F) | (int)(((qh >> j) & 1) << 4);
+        int hi = (qs[j] >> 4) | (int)(((qh >> (j + 16)) & 1) << 4);
+        q += lo * a[j] + hi * a[j + 16];
+    }
+    return q;
+}
+
+static float dot_q5_0(int64_t nb, const void *w, const void *a) {
+    const blk_q5_0 *x = (const blk_q5_0 *)w;
+    const act32 *y = (const act32 *)a;
+    float s = 0.0f;
+    for (int64_t i = 0; i < nb; i++) {
+        int32_t q = q5_sum(x[i].qs, x[i].qh, y[i].qs);
+        s += (osg_f16_to_f32(x[i].d) * y[i].d) * (float)(q - 16 * y[i].sum);
+    }
+    return s;
+}
+
+static float dot_q5_1(int64_t nb, const void *w, const void *a) {
+    const blk_q5_1 *x = (const blk_q5_1 *)w;
+    const act32 *y = (const act32 *)a;
+    float s = 0.0f;
+    for (int64_t i = 0; i < nb; i++) {
+        int32_t q = q5_sum(x[i].qs, x[i].qh, y[i].qs);
+        s += (osg_f16_to_f32(x[i].d) * y[i].d) * (float)q + (osg_f16_to_f32(x[i].m) * y[i].d) * (float)y[i].sum;
+    }
+    return s;
+}
+
+static float dot_q8_0(int64_t nb, const void *w, const void *a) {
+    const blk_q8_0 *x = (const blk_q8_0 *)w;
+    const act32 *y = (const act32 *)a;
+    float s = 0.0f;
+    for (int64_t i = 0; i < nb; i++) {
+        int32_t q = 0;
+        for (int j = 0; j < 32; j++) q += x[i].qs[j] * y[i].qs[j];
+        s += (osg_f16_to_f32(x[i].d) * y[i].d) * (float)q;
+    }
+    return s;
+}
+
+/* Q4_K / Q5_K: sum_j sc_j * (q . a over sub-block j) and sum_j m_j * (sum of a over sub-block j) */
+static float dot_q45_k(int64_t nb, const void *w, const void *a, int five) {
+    const act256 *y = (const act256 *)a;
+    const uint8_t *p = (const uint8_t *)w;
+    float s = 0.0f;
+    for (int64_t i = 0; i < nb; i++, p += five ? 176 : 144) {
+        const blk_q4_k *b4 = (const blk_q4_k *)p;
+        const blk_q5_k *b5 = (const blk_q5_k *)p;
+        const uint8_t *scales = five ? b5->scales : b4->scales, *qs = five ? b5->qs : b4->qs;
+        int32_t sumi = 0, summ = 0;
+        for (int j = 0; j < 8; j++) {
+            uint8_t sc, m;
+            osg_scale_min_k4(scales, j, &sc, &m);
+            const uint8_t *q = qs + 32 * (j / 2);
+            const int8_t *av = y[i].qs + 32 * j;
+            int shift = 4 * (j & 1);
+            int32_t qa = 0;
+            for (int l = 0; l < 32; l++) {
+                int v = (q[l] >> shift) & 0x0F;
+                if (five) v |= ((b5->qh[l] >> j) & 1) << 4;
+                qa += v * av[l];
+            }
+            sumi += sc * qa;
+            summ += m * (y[i].bsums[2 * j] + y[i].bsums[2 * j + 1]);
+        }
+        float d = osg_f16_to_f32(b4->d), dmin = osg_f16_to_f32(b4->dmin);
+        s += (d * y[i].d) * (float)sumi - (dmin * y[i].d) * (float)summ;
+    }
+    return s;
+}
+
+static float dot_q4_k(int64_t nb, const void *w, const void *a) { return dot_q45_k(nb, w, a, 0); }
+static float dot_q5_k(int64_t nb, const void *w, const void *a) { return dot_q45_k(nb, w, a, 1); }
+
+static float dot_q6_k(int64_t nb, const void *w, const void *a) {
+    const blk_q6_k *x = (const blk_q6_k *)w;
+    const act256 *y = (const act256 *)a;
+    float s = 0.0f;
+    for (int64_t i = 0; i < nb; i++) {
+        int32_t sumi = 0;
+        for (int g = 0; g < 16; g++) {
+            int32_t qa = 0;
+            for (int e = 16 * g; e < 16 * g + 16; e++) qa += osg_q6_k_value(&x[i], e) * y[i].qs[e];
+            sumi += x[i].scales[g] * qa;
+        }
+        s += (osg_f16_to_f32(x[i].d) * y[i].d) * (float)sumi;
+    }
+    return s;
+}
+
+const osg_kernels osg_scalar_kernels = {
+    .dot = {
+        [OSG_Q4_0] = dot_q4_0, [OSG_Q4_1] = dot_q4_1, [OSG_Q5_0] = dot_q5_0, [OSG_Q5_1] = dot_q5_1,
+        [OSG_Q8_0] = dot_q8_0, [OSG_Q4_K] = dot_q4_k, [OSG_Q5_K] = dot_q5_k, [OSG_Q6_K] = dot_q6_k,
+    },
+};

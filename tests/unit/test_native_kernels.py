@@ -1,0 +1,195 @@
+"""The native GGUF kernels (src/ortserve/native/csrc/kernels_*.c) against their numpy twin
+(ortserve.native.reference) and against gguf-py's dequantization, on random blocks at odd shapes,
+on every instruction-set path this CPU has (scalar, AVX2, AVX-512 VNNI, forced by osg_set_isa)."""
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ortserve.native import reference as ref
+
+CSRC = Path(__file__).resolve().parents[2] / "src" / "ortserve" / "native" / "csrc"
+TYPES = [ref.Q4_0, ref.Q4_1, ref.Q5_0, ref.Q5_1, ref.Q8_0, ref.Q4_K, ref.Q5_K, ref.Q6_K]
+ISAS = ["scalar", "avx2", "avx512"]
+# byte offsets of the fp16 scale fields in each block
+F16_FIELDS = {ref.Q4_0: [0], ref.Q4_1: [0, 2], ref.Q5_0: [0], ref.Q5_1: [0, 2], ref.Q8_0: [0],
+              ref.Q4_K: [0, 2], ref.Q5_K: [0, 2], ref.Q6_K: [208]}
+
+
+def _installed_library() -> Path | None:
+    try:
+        from ortserve import native
+    except ImportError:
+        return None
+    finder = getattr(native, "library_path", None)
+    path = finder() if finder else None
+    return Path(path) if path else None
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    """The installed library when the package's build made one, else the kernel sources compiled
+    here as they are (no -march: the SIMD paths are chosen at run time)."""
+    path = _installed_library()
+    if path is None:
+        cc = shutil.which("cc") or shutil.which("gcc")
+        if cc is None:
+            pytest.skip("no C compiler")
+        path = tmp_path_factory.mktemp("osg") / "libosg.so"
+        sources = sorted(str(p) for p in CSRC.glob("kernels*.c"))
+        subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", str(path), *sources], check=True)
+    so = ctypes.CDLL(str(path))
+    i64, vp = ctypes.c_int64, ctypes.c_void_p
+    so.osg_row_bytes.restype = so.osg_act_row_bytes.restype = ctypes.c_size_t
+    so.osg_row_bytes.argtypes = so.osg_act_row_bytes.argtypes = [ctypes.c_int, i64]
+    so.osg_quantize_act.argtypes = [ctypes.c_int, vp, vp, i64]
+    so.osg_dequant_row.argtypes = [ctypes.c_int, vp, vp, i64]
+    so.osg_matmul_rows.argtypes = [ctypes.c_int, i64, vp, vp, i64, vp, i64, i64, i64]
+    so.osg_isa.restype = ctypes.c_char_p
+    so.osg_set_isa.argtypes = [ctypes.c_char_p]
+    return so
+
+
+@pytest.fixture(params=ISAS)
+def isa(request: pytest.FixtureRequest, lib: ctypes.CDLL):
+    before = lib.osg_isa().decode()
+    if lib.osg_set_isa(request.param.encode()) != 0:
+        pytest.skip(f"this CPU has no {request.param}")
+    yield request.param
+    lib.osg_set_isa(b"avx512" if before == "avx512vnni" else before.encode())
+
+
+def _ptr(a: np.ndarray) -> int:
+    return a.ctypes.data
+
+
+def random_weights(t: int, n: int, k: int, rng: np.random.Generator) -> np.ndarray:
+    """n rows of random blocks, the fp16 scale fields set to finite values of either sign."""
+    be, bb = ref.BLOCK[t]
+    w = rng.integers(0, 256, size=(n, k // be, bb), dtype=np.uint8)
+    for off in F16_FIELDS[t]:
+        scale = (rng.uniform(0.002, 0.05, size=(n, k // be)) * rng.choice([-1, 1], size=(n, k // be)))
+        w[..., off:off + 2] = scale.astype(np.float16)[..., None].view(np.uint8)
+    return w.reshape(n, -1)
+
+
+def random_acts(m: int, k: int, rng: np.random.Generator) -> np.ndarray:
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    x[:, rng.integers(0, k, size=3)] *= 20.0          # outliers, as real activations have
+    x[0, :32] = 0.0                                   # an all-zero block: scale 0
+    return x
+
+
+def shape(t: int) -> int:
+    return 256 * 3 if ref.block_elems(t) == 256 else 32 * 5
+
+
+def c_quantize(lib: ctypes.CDLL, t: int, x: np.ndarray) -> np.ndarray:
+    m, k = x.shape
+    ab = lib.osg_act_row_bytes(t, k)
+    xq = np.zeros((m, ab), np.uint8)
+    for i in range(m):
+        lib.osg_quantize_act(t, _ptr(x[i]), _ptr(xq[i]), k)
+    return xq
+
+
+def test_sizes(lib: ctypes.CDLL) -> None:
+    for t in TYPES:
+        be, bb = ref.BLOCK[t]
+        assert lib.osg_supported(t) == 1
+        assert lib.osg_block_elems(t) == be
+        assert lib.osg_row_bytes(t, be * 7) == bb * 7
+        assert lib.osg_act_row_bytes(t, be * 7) == (40 if be == 32 else 292) * 7
+    for t in (0, 1, 10, 16, 30, -1):
+        assert lib.osg_supported(t) == 0 and lib.osg_row_bytes(t, 256) == 0
+
+
+def test_isa_names(lib: ctypes.CDLL) -> None:
+    assert lib.osg_isa().decode() in ("scalar", "avx2", "avx512vnni")
+    assert lib.osg_set_isa(b"sse9") == -1
+    assert lib.osg_set_isa(b"scalar") == 0 and lib.osg_isa() == b"scalar"
+    lib.osg_set_isa(b"avx512") == 0 or lib.osg_set_isa(b"avx2")
+
+
+@pytest.mark.parametrize("t", [ref.Q4_0, ref.Q4_K])
+def test_quantize_act_equals_reference(lib: ctypes.CDLL, isa: str, t: int) -> None:
+    rng = np.random.default_rng(7)
+    k = 256 * 3
+    x = random_acts(3, k, rng)
+    got = c_quantize(lib, t, x)
+    want = ref.quantize_act(t, x)
+    if ref.block_elems(t) == 32:
+        blocks = got.reshape(3, -1, 40)
+        np.testing.assert_array_equal(blocks[..., 0:4].copy().view(np.float32)[..., 0], want.d)
+        np.testing.assert_array_equal(blocks[..., 4:8].copy().view(np.int32)[..., 0], want.sums[..., 0])
+        np.testing.assert_array_equal(blocks[..., 8:].view(np.int8), want.q)
+    else:
+        blocks = got.reshape(3, -1, 292)
+        np.testing.assert_array_equal(blocks[..., 0:256].view(np.int8), want.q)
+        np.testing.assert_array_equal(blocks[..., 256:288].copy().view(np.int16), want.sums)
+        np.testing.assert_array_equal(blocks[..., 288:292].copy().view(np.float32)[..., 0], want.d)
+
+
+@pytest.mark.parametrize("t", TYPES, ids=lambda t: ref.NAMES[t])
+@pytest.mark.parametrize("m", [1, 3, 9])
+def test_matmul_equals_reference(lib: ctypes.CDLL, isa: str, t: int, m: int) -> None:
+    rng = np.random.default_rng(1000 * t + m)
+    k, n = shape(t), 7
+    w = random_weights(t, n, k, rng)
+    x = random_acts(m, k, rng)
+    xq = c_quantize(lib, t, x)
+    y = np.full((m, n + 2), np.nan, np.float32)         # ldy = n + 2: the padding stays untouched
+    lib.osg_matmul_rows(t, k, _ptr(w), _ptr(xq), m, _ptr(y), n + 2, 0, n)
+    want, scale = ref.matmul(t, w, x)
+    err = np.abs(y[:, :n] - want)
+    assert np.all(err <= 2e-6 * scale + 1e-30), (err / scale).max()
+    assert np.isnan(y[:, n:]).all()
+
+
+@pytest.mark.parametrize("t", [ref.Q4_1, ref.Q6_K], ids=lambda t: ref.NAMES[t])
+def test_matmul_row_range(lib: ctypes.CDLL, isa: str, t: int) -> None:
+    rng = np.random.default_rng(5)
+    k, n, m = shape(t), 9, 4
+    w = random_weights(t, n, k, rng)
+    x = random_acts(m, k, rng)
+    xq = c_quantize(lib, t, x)  # held: a temporary's buffer would be freed before the call
+    y = np.full((m, n), np.nan, np.float32)
+    lib.osg_matmul_rows(t, k, _ptr(w), _ptr(xq), m, _ptr(y), n, 3, 6)
+    want, scale = ref.matmul(t, w, x)
+    assert np.all(np.abs(y[:, 3:6] - want[:, 3:6]) <= 2e-6 * scale[:, 3:6])
+    assert np.isnan(y[:, :3]).all() and np.isnan(y[:, 6:]).all()
+
+
+@pytest.mark.parametrize("t", TYPES, ids=lambda t: ref.NAMES[t])
+def test_dequant_row_is_gguf_py_exactly(lib: ctypes.CDLL, t: int) -> None:
+    from gguf import GGMLQuantizationType, quants
+
+    rng = np.random.default_rng(t)
+    k, n = shape(t), 3
+    w = random_weights(t, n, k, rng)
+    want = quants.dequantize(w, GGMLQuantizationType(t)).reshape(n, k)
+    got = np.zeros((n, k), np.float32)
+    for i in range(n):
+        lib.osg_dequant_row(t, _ptr(w[i]), _ptr(got[i]), k)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(ref.dequantize(t, w, k), want)
+
+
+@pytest.mark.parametrize("t", TYPES, ids=lambda t: ref.NAMES[t])
+def test_reference_dot_is_dequantized_product(t: int) -> None:
+    """The reference's integer arithmetic is the dequantized weights times the dequantized
+    activations (so the kernels compute the matmul the model means, not only some product)."""
+    rng = np.random.default_rng(3 + t)
+    k = shape(t)
+    w = random_weights(t, 5, k, rng)
+    x = random_acts(2, k, rng)
+    a = ref.quantize_act(t, x)
+    xd = (a.d[..., None] * a.q).reshape(2, k).astype(np.float64)
+    want = xd @ ref.dequantize(t, w, k).astype(np.float64).T
+    got, scale = ref.matmul(t, w, x)
+    assert np.all(np.abs(got - want) <= 1e-5 * scale)
