@@ -171,10 +171,32 @@ def block_terms(t: int, x: Decoded, a: Act) -> np.ndarray:
     return ds * (qa16 * x.sc[:, None, :, :]).sum(-1).astype(F32)
 
 
+def abs_terms(t: int, x: Decoded, a: Act) -> np.ndarray:
+    """(n, m, nb): a bound on the absolute values that any order of summing a block's products may
+    pass through: |scales| times the sum of |weight| * |activation| per element, where a weight's
+    offset (8, 16, or 32 for Q6_K, which the SIMD paths apply as a separate sum) counts on its own."""
+    off = {Q4_0: 8, Q5_0: 16, Q6_K: 32}.get(t, 0)
+    ds = np.abs(x.d[:, None, :] * a.d[None, :, :]).astype(np.float64)
+    qa = np.abs(x.q).astype(np.float64) + off
+    aa = np.abs(a.q).astype(np.float64)
+    be = x.q.shape[-1]
+    if x.sc is not None:   # the sub-block scales weigh each element's product
+        per = be // x.sc.shape[-1]
+        qa = qa * np.repeat(np.abs(x.sc), per, axis=-1)
+    total = ds * np.einsum("nbe,mbe->nmb", qa, aa)
+    if t in (Q4_1, Q5_1):
+        total += np.abs(x.m[:, None, :] * a.d[None, :, :]) * aa.sum(-1)[None]
+    if t in (Q4_K, Q5_K):
+        mins = np.repeat(x.mn, 32, axis=-1).astype(np.float64)
+        total += np.abs(x.m[:, None, :] * a.d[None, :, :]) * np.einsum("nbe,mbe->nmb", mins, aa)
+    return total
+
+
 def matmul(t: int, w: np.ndarray | bytes, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Y (m, n) = dot(W row n, quantized X row m), and (m, n) sums of |block terms| (the scale of the
-    float rounding the C code's order of summation may differ by)."""
+    """Y (m, n) = dot(W row n, quantized X row m), and (m, n) bounds of the absolute products summed
+    (the scale of the float rounding by which the C code's order of summation may differ)."""
     x = np.asarray(x, F32)
     k = x.shape[1]
-    terms = block_terms(t, decode(t, _blocks(t, w, k)), quantize_act(t, x))
-    return terms.astype(np.float64).sum(-1).T, np.abs(terms).astype(np.float64).sum(-1).T
+    dec, act = decode(t, _blocks(t, w, k)), quantize_act(t, x)
+    terms = block_terms(t, dec, act)
+    return terms.astype(np.float64).sum(-1).T, abs_terms(t, dec, act).sum(-1).T
