@@ -276,6 +276,10 @@ def import_path(store: ModelStore, path: Path, *, model_id: str | None = None,
     if whisper_import.is_whisper_dir(path):   # faster-whisper (CTranslate2) or Hugging Face Whisper: kind audio
         return whisper_import.import_whisper(store, path, mid or model_id_from_path(path), precision=precision,
                                              progress=progress)
+    from ortserve.models import vision_import
+
+    if vision_import.vision_family(path) and has_weights:   # Qwen2.5-VL: vision + embedding + decoder graphs
+        return vision_import.import_vision(store, path, mid or model_id_from_path(path), progress=progress)
     if rerank_import.is_cross_encoder_dir(path) and has_weights:   # a *ForSequenceClassification reranker
         return rerank_import.import_cross_encoder(store, path, mid or model_id_from_path(path), progress=progress)
     if embed_import.is_sentence_transformers_dir(path) and has_weights:
