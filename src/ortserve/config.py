@@ -108,6 +108,13 @@ class Settings(BaseSettings):
                                     description="A store model (id or directory) of the same vocabulary that "
                                                 "guesses tokens for the served model where prompt lookup has "
                                                 "none (docs/speculative.md)")
+    native: bool = Field(True, validation_alias=_env("ORTSERVE_NATIVE"),
+                         description="Use ortserve's GGUF block kernels (docs/native.md) when the library is "
+                                     "built and loads; off: GGUF imports and sessions use MatMulNBits graphs")
+    native_isa: Literal["auto", "avx512vnni", "avx2", "scalar"] = Field(
+        "auto", validation_alias=_env("ORTSERVE_NATIVE_ISA"),
+        description="Highest instruction set the GGUF kernels may use (auto = the best the CPU has); "
+                    "for tests and benchmarks")
     # server
     host: str = Field("127.0.0.1", validation_alias=_env("ORTSERVE_HOST", "HOST"),
                       description="Address the server binds")
@@ -168,6 +175,14 @@ class Settings(BaseSettings):
                                            "cores to chat")
     audio_max_seconds: float = Field(7200.0, gt=0, validation_alias=_env("ORTSERVE_AUDIO_MAX_SECONDS"),
                                      description="Longest audio a request may send, in seconds (400 above)")
+    # images on the chat APIs (docs/vision.md): each limit is a 400 naming the image's field
+    image_max_bytes: int = Field(20 * 1024 * 1024, ge=1, validation_alias=_env("ORTSERVE_IMAGE_MAX_BYTES"),
+                                 description="Largest image a request may send, in bytes after base64 decoding")
+    image_max_pixels: int = Field(50_000_000, ge=1, validation_alias=_env("ORTSERVE_IMAGE_MAX_PIXELS"),
+                                  description="Most pixels (width x height, from the header) per image; Pillow's "
+                                              "own decompression-bomb guard (89 M) stays below it")
+    image_max_images: int = Field(8, ge=0, validation_alias=_env("ORTSERVE_IMAGE_MAX_IMAGES"),
+                                  description="Most images per request")
     # sampling defaults: what a request's unset fields become (docs/api-fields.md)
     default_temperature: float = Field(0.8, ge=0, le=2, validation_alias=_env("ORTSERVE_DEFAULT_TEMPERATURE"),
                                        description="temperature when a request and the model give none")

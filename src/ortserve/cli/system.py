@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from ortserve import native
 from ortserve.cli.common import echo_json, guarded, settings_from
 from ortserve.config import config_file, describe
 
@@ -70,6 +71,7 @@ def machine_info(settings: Any) -> dict[str, Any]:
         "store": {"path": str(store.root), "size_mb": round(store.size() / 2**20, 1),
                   "variants": [v.id for v in store.variants()]},
         "auto_variant": _auto_variant(store, settings),
+        "native": native.status(settings.native, settings.native_isa).to_dict(),
     }
 
 
@@ -113,6 +115,8 @@ def info(as_json: bool, device: str | None) -> None:
           for g in data["gpu_memory"]),
         f"onnxruntime   {data['onnxruntime']}   onnxruntime-genai {data['onnxruntime_genai']}",
         f"Providers     {', '.join(data['providers'])}",
+        (f"GGUF kernels  {'ortserve.gguf ops' if data['native']['active'] else 'MatMulNBits'} "
+         f"({data['native']['reason']})"),
         (f"Device        {data['selected_device'].get('device', '?')} "
          f"({data['selected_device'].get('reason', data['selected_device'].get('error'))})"),
         (f"Model store   {data['store']['path']} ({data['store']['size_mb']} MB, "

@@ -1,0 +1,139 @@
+"""ortserve's native GGUF kernels: the library, whether it is usable, and how a session gets it.
+
+The shared library `libortserve_gguf.so` (built by `pip install` from csrc/, or by
+`python -m ortserve.native.build`) holds the block kernels and two ONNX Runtime custom ops in the
+domain `ortserve.gguf` (docs/native.md):
+
+- `GgufMatMul(X float [..., K], W uint8 [N, row_bytes]) -> [..., N]`, attributes ggml_type, K, N
+- `GgufGather(W uint8 [V, row_bytes], ids int64 [...]) -> [..., K]`, attributes ggml_type, K, V
+
+`status()` says whether they can be used here and, when not, why: disabled by setting, not built,
+failed to load, or a CPU the kernels have no fast path for. Everything above asks it first and
+falls back to the MatMulNBits graphs otherwise.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import shutil
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+LIBRARY_NAME = "libortserve_gguf.so"  # build.py names the same file (it imports nothing of ortserve)
+DOMAIN = "ortserve.gguf"
+OPSET = 1
+MATMUL_OP = "GgufMatMul"
+GATHER_OP = "GgufGather"
+
+# ggml type ids the kernels read (ggml.h's enum ggml_type)
+TYPE_IDS = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
+TYPE_NAMES = {v: k for k, v in TYPE_IDS.items()}
+SUPPORTED_TYPES = frozenset(TYPE_IDS.values())
+# elements per block and bytes per block, as the GGUF file holds them
+BLOCK_ELEMS = {2: 32, 3: 32, 6: 32, 7: 32, 8: 32, 12: 256, 13: 256, 14: 256}
+BLOCK_BYTES = {2: 18, 3: 20, 6: 22, 7: 24, 8: 34, 12: 144, 13: 176, 14: 210}
+
+_PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+@dataclass(frozen=True)
+class NativeStatus:
+    active: bool          # the ops may be used: built, loaded, enabled, a CPU with a fast path
+    reason: str           # one line: why active, or why not
+    isa: str              # what the kernels use: "avx512vnni", "avx2", "scalar", or "" when not loaded
+    library: Path | None  # the library file, when there is one
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["library"] = str(self.library) if self.library else None
+        return d
+
+
+def row_bytes(ggml_type: int, k: int) -> int:
+    """Bytes of one weight row of k elements in the GGUF file (k a multiple of the block)."""
+    return k // BLOCK_ELEMS[ggml_type] * BLOCK_BYTES[ggml_type]
+
+
+def library_path() -> Path | None:
+    """The built library beside this package, or None when it was not built."""
+    path = _PACKAGE_DIR / LIBRARY_NAME
+    return path if path.is_file() else None
+
+
+def status(enabled: bool | None = None, isa: str | None = None) -> NativeStatus:
+    """Whether the ops can be used in this process, and why (settings read when not given)."""
+    if enabled is None or isa is None:
+        from ortserve.config import load_settings
+
+        settings = load_settings()
+        enabled = settings.native if enabled is None else enabled
+        isa = settings.native_isa if isa is None else isa
+    return _status(enabled, isa)
+
+
+@functools.cache
+def _status(enabled: bool, isa: str) -> NativeStatus:
+    path = library_path()
+    if not enabled:
+        return NativeStatus(False, "disabled by setting (ORTSERVE_NATIVE=0)", "", path)
+    if not sys.platform.startswith("linux"):
+        return NativeStatus(False, f"not built: the native library is built on Linux only ({sys.platform})",
+                            "", None)
+    if path is None:
+        return NativeStatus(False, f"not built: no {LIBRARY_NAME} (no C compiler at install?); run "
+                                   "`python -m ortserve.native.build`", "", None)
+    try:
+        lib = _load(path)
+    except OSError as exc:
+        return NativeStatus(False, f"failed to load: {exc}", "", path)
+    missing = [s for s in ("RegisterCustomOps", "osg_isa", "osg_supported") if not hasattr(lib, s)]
+    if missing:
+        return NativeStatus(False, f"failed to load: {path.name} lacks {', '.join(missing)}", "", path)
+    if isa != "auto":
+        if not hasattr(lib, "osg_set_isa") or lib.osg_set_isa(isa.encode()) != 0:
+            used = lib.osg_isa().decode()
+            return NativeStatus(False, f"CPU unsupported: ORTSERVE_NATIVE_ISA={isa} is not available here "
+                                       f"(best: {used})", used, path)
+        return NativeStatus(True, f"active: {isa} kernels (forced by ORTSERVE_NATIVE_ISA)", isa, path)
+    used = lib.osg_isa().decode()
+    if used == "scalar":
+        return NativeStatus(False, "CPU unsupported: no AVX2, and the scalar kernels are slower than "
+                                   "MatMulNBits", used, path)
+    return NativeStatus(True, f"active: {used} kernels", used, path)
+
+
+def _load(path: Path) -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(path))
+    if hasattr(lib, "osg_isa"):
+        lib.osg_isa.restype = ctypes.c_char_p
+        lib.osg_isa.argtypes = []
+    if hasattr(lib, "osg_set_isa"):
+        lib.osg_set_isa.restype = ctypes.c_int
+        lib.osg_set_isa.argtypes = [ctypes.c_char_p]
+    return lib
+
+
+def register(session_options: Any, native: NativeStatus | None = None) -> bool:
+    """Adds the ops to an onnxruntime.SessionOptions when they are active; True when added."""
+    native = native or status()
+    if not native.active or native.library is None:
+        return False
+    session_options.register_custom_ops_library(str(native.library))
+    return True
+
+
+def install_into(folder: Path, native: NativeStatus | None = None) -> Path | None:
+    """Copies the library into a model folder (onnxruntime-genai loads a `custom_ops_library` only
+    from inside it); returns the copy, or None when the ops are not active."""
+    native = native or status()
+    if not native.active or native.library is None:
+        return None
+    target = Path(folder) / LIBRARY_NAME
+    if not target.is_file() or target.read_bytes() != native.library.read_bytes():
+        partial = target.with_name(target.name + ".tmp")
+        shutil.copyfile(native.library, partial)
+        partial.replace(target)
+    return target

@@ -1,0 +1,390 @@
+/* ONNX Runtime custom ops over the GGUF block kernels of kernels.h (docs/native.md).
+ *
+ * Domain "ortserve.gguf", version 1:
+ *   GgufMatMul(X float [..., K], W uint8 [N, row_bytes]) -> Y float [..., N] = X @ dequant(W)^T
+ *     attributes ggml_type, K, N. X is quantized once per call (per block, as llama.cpp does),
+ *     then every weight row is dotted against it; the N rows are split in chunks over ORT's
+ *     intra-op thread pool.
+ *   GgufGather(W uint8 [V, row_bytes], ids int64 [...]) -> float [..., K]
+ *     attributes ggml_type, K, V. Rows dequantized exactly; an id outside [0, V) is an error.
+ *
+ * The library needs no link against onnxruntime: RegisterCustomOps receives the API table.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.h"
+#include "ort_abi.h"
+
+#define OSG_DOMAIN "ortserve.gguf"
+#define OSG_MAX_DIMS 8
+
+/* One process may hold two onnxruntime builds (the Python package's and the one beside
+ * onnxruntime-genai), each registering this library with its own API table. A kernel must call
+ * back into the runtime that created it, so each registration's tables are remembered and a
+ * kernel picks its runtime's by the table its CreateKernelV2 receives. */
+typedef struct {
+  const OrtApi *seen;  /* the table ORT hands to CreateKernelV2 (asked at the op's version) */
+  const OrtApi *best;  /* the newest table the ops use: API 17 (ParallelFor) or API 16 */
+  int parallel;        /* 1 when best has KernelContext_ParallelFor */
+} Runtime;
+
+#define OSG_MAX_RUNTIMES 8
+static Runtime g_runtimes[OSG_MAX_RUNTIMES];
+static int g_runtime_count;
+
+static Runtime runtime_of(const OrtApi *api) {
+  for (int i = 0; i < g_runtime_count; i++)
+    if (g_runtimes[i].seen == api || g_runtimes[i].best == api) return g_runtimes[i];
+  Runtime serial = {api, api, 0}; /* unknown table: only the version-16 entries are safe */
+  return serial;
+}
+
+static OrtStatus *fail(const OrtApi *api, OrtErrorCode code, const char *fmt, ...) {
+  char msg[512];
+  va_list args;
+  va_start(args, fmt);
+  vsnprintf(msg, sizeof msg, fmt, args);
+  va_end(args);
+  return api->CreateStatus(code, msg);
+}
+
+#define RETURN_IF_ERROR(expr)        \
+  do {                               \
+    OrtStatus *status_ = (expr);     \
+    if (status_ != NULL) return status_; \
+  } while (0)
+
+/* ---- the kernel state: the op's attributes, checked once when the session builds it ---- */
+
+typedef struct {
+  const OrtApi *api; /* the runtime that made this kernel */
+  int parallel;      /* 1 when api has KernelContext_ParallelFor */
+  int gather;       /* 0: GgufMatMul, 1: GgufGather */
+  int type;         /* ggml type id */
+  int64_t k;        /* elements per row */
+  int64_t rows;     /* N (matmul) or V (gather) */
+  size_t row_bytes; /* bytes of one weight row in the file */
+  size_t act_bytes; /* bytes of one quantized activation row */
+} GgufKernel;
+
+static OrtStatus *read_attr(const OrtApi *api, const OrtKernelInfo *info, const char *op, const char *name, int64_t *out) {
+  OrtStatus *status = api->KernelInfoGetAttribute_int64(info, name, out);
+  if (status == NULL) return NULL;
+  api->ReleaseStatus(status);
+  return fail(api, OSG_ORT_INVALID_ARGUMENT, "%s: missing int attribute '%s'", op, name);
+}
+
+static OrtStatus *create_kernel(int gather, const OrtApi *seen, const OrtKernelInfo *info, void **out) {
+  Runtime rt = runtime_of(seen);
+  const OrtApi *api = rt.best;
+  const char *op = gather ? "GgufGather" : "GgufMatMul";
+  int64_t type, k, rows;
+  *out = NULL;
+  RETURN_IF_ERROR(read_attr(api, info, op, "ggml_type", &type));
+  RETURN_IF_ERROR(read_attr(api, info, op, "K", &k));
+  RETURN_IF_ERROR(read_attr(api, info, op, gather ? "V" : "N", &rows));
+  if (type < 0 || type > 1000 || !osg_supported((int)type))
+    return fail(api, OSG_ORT_NOT_IMPLEMENTED, "%s: ggml type %lld is not supported", op, (long long)type);
+  int64_t block = osg_block_elems((int)type);
+  if (k <= 0 || block <= 0 || k % block != 0)
+    return fail(api, OSG_ORT_INVALID_ARGUMENT, "%s: K=%lld is not a positive multiple of %lld (ggml type %lld)",
+                op, (long long)k, (long long)block, (long long)type);
+  if (rows <= 0)
+    return fail(api, OSG_ORT_INVALID_ARGUMENT, "%s: %s=%lld must be positive", op, gather ? "V" : "N",
+                (long long)rows);
+  GgufKernel *kernel = (GgufKernel *)calloc(1, sizeof *kernel);
+  if (kernel == NULL) return fail(api, OSG_ORT_FAIL, "%s: out of memory", op);
+  kernel->api = api;
+  kernel->parallel = rt.parallel;
+  kernel->gather = gather;
+  kernel->type = (int)type;
+  kernel->k = k;
+  kernel->rows = rows;
+  kernel->row_bytes = osg_row_bytes((int)type, k);
+  kernel->act_bytes = osg_act_row_bytes((int)type, k);
+  *out = kernel;
+  return NULL;
+}
+
+/* ---- tensor helpers ---- */
+
+typedef struct {
+  const OrtValue *value;
+  ONNXTensorElementDataType type;
+  size_t ndim;
+  int64_t dims[OSG_MAX_DIMS];
+} Tensor;
+
+static OrtStatus *describe(const OrtApi *api, const OrtValue *value, const char *op, const char *name, Tensor *t) {
+  OrtTensorTypeAndShapeInfo *info = NULL;
+  t->value = value;
+  RETURN_IF_ERROR(api->GetTensorTypeAndShape(value, &info));
+  OrtStatus *status = api->GetTensorElementType(info, &t->type);
+  if (status == NULL) status = api->GetDimensionsCount(info, &t->ndim);
+  if (status == NULL && t->ndim > OSG_MAX_DIMS)
+    status = fail(api, OSG_ORT_INVALID_ARGUMENT, "%s: %s has %zu dimensions (at most %d)", op, name, t->ndim,
+                  OSG_MAX_DIMS);
+  if (status == NULL) status = api->GetDimensions(info, t->dims, t->ndim);
+  api->ReleaseTensorTypeAndShapeInfo(info);
+  return status;
+}
+
+static OrtStatus *input(const OrtApi *api, OrtKernelContext *ctx, size_t index, const char *op, const char *name, Tensor *t) {
+  const OrtValue *value = NULL;
+  RETURN_IF_ERROR(api->KernelContext_GetInput(ctx, index, &value));
+  if (value == NULL) return fail(api, OSG_ORT_INVALID_ARGUMENT, "%s: input %s is missing", op, name);
+  return describe(api, value, op, name, t);
+}
+
+static void *data_of(const OrtApi *api, const OrtValue *value, OrtStatus **status) {
+  void *data = NULL;
+  /* GetTensorMutableData is the one accessor every API version has; inputs are only read. */
+  *status = api->GetTensorMutableData((OrtValue *)value, &data);
+  return data;
+}
+
+static int64_t leading_rows(const Tensor *t, size_t keep) {
+  int64_t rows = 1;
+  for (size_t i = 0; i + keep < t->ndim; i++) rows *= t->dims[i];
+  return rows;
+}
+
+/* Runs fn(user, i) for i in [0, total) on ORT's intra-op pool, or in this thread when the API
+ * has no ParallelFor (onnxruntime 1.16) or there is one task. */
+static OrtStatus *parallel_for(const GgufKernel *kn, OrtKernelContext *ctx, void (*fn)(void *, size_t), size_t total,
+                               void *user) {
+  if (kn->parallel && total > 1) return kn->api->KernelContext_ParallelFor(ctx, fn, total, 0, user);
+  for (size_t i = 0; i < total; i++) fn(user, i);
+  return NULL;
+}
+
+/* ---- GgufMatMul ---- */
+
+typedef struct {
+  const GgufKernel *kernel;
+  const float *x;
+  const uint8_t *w;
+  uint8_t *xq;
+  float *y;
+  int64_t m;
+  int64_t chunk; /* weight rows per task */
+} MatMulWork;
+
+static void quantize_task(void *user, size_t row) {
+  const MatMulWork *work = (const MatMulWork *)user;
+  const GgufKernel *kn = work->kernel;
+  osg_quantize_act(kn->type, work->x + (int64_t)row * kn->k, work->xq + row * kn->act_bytes, kn->k);
+}
+
+static void matmul_task(void *user, size_t task) {
+  const MatMulWork *work = (const MatMulWork *)user;
+  const GgufKernel *kn = work->kernel;
+  int64_t n0 = (int64_t)task * work->chunk;
+  int64_t n1 = n0 + work->chunk < kn->rows ? n0 + work->chunk : kn->rows;
+  osg_matmul_rows(kn->type, kn->k, work->w, work->xq, work->m, work->y, kn->rows, n0, n1);
+}
+
+/* Weight rows per task: enough tasks to balance a few threads (ORT's pool splits them further
+ * into batches), each task long enough to hide its dispatch. A multiple of 16 keeps every
+ * task's rows aligned for kernels that work on groups of rows. */
+static int64_t chunk_rows(int64_t n, int64_t m) {
+  int64_t chunk = m <= 8 ? 64 : 16;
+  while (chunk > 16 && (n + chunk - 1) / chunk < 32) chunk /= 2;
+  return chunk;
+}
+
+static OrtStatus *matmul_compute(const GgufKernel *kn, OrtKernelContext *ctx) {
+  const OrtApi *api = kn->api;
+  const char *op = "GgufMatMul";
+  Tensor x, w;
+  OrtStatus *status = NULL;
+  RETURN_IF_ERROR(input(api, ctx, 0, op, "X", &x));
+  RETURN_IF_ERROR(input(api, ctx, 1, op, "W", &w));
+  if (x.type != OSG_TENSOR_FLOAT || w.type != OSG_TENSOR_UINT8)
+    return fail(api, OSG_ORT_INVALID_ARGUMENT, "%s: X must be float and W uint8", op);
+  if (x.ndim < 1 || x.dims[x.ndim - 1] != kn->k)
+    return fail(api, OSG_ORT_INVALID_ARGUMENT, "%s: X's last dimension must be K=%lld", op, (long long)kn->k);
+  if (w.ndim != 2 || w.dims[0] != kn->rows || w.dims[1] != (int64_t)kn->row_bytes)
+    return fail(api, OSG_ORT_INVALID_ARGUMENT, "%s: W must be [N=%lld, %zu] (ggml type %d, K=%lld)", op,
+                (long long)kn->rows, kn->row_bytes, kn->type, (long long)kn->k);
+  int64_t dims[OSG_MAX_DIMS];
+  memcpy(dims, x.dims, x.ndim * sizeof dims[0]);
+  dims[x.ndim - 1] = kn->rows;
+  OrtValue *out = NULL;
+  RETURN_IF_ERROR(api->KernelContext_GetOutput(ctx, 0, dims, x.ndim, &out));
+  MatMulWork work = {kn, NULL, NULL, NULL, NULL, leading_rows(&x, 1), chunk_rows(kn->rows, 0)};
+  if (work.m == 0) return NULL;
+  work.chunk = chunk_rows(kn->rows, work.m);
+  work.x = (const float *)data_of(api, x.value, &status);
+  if (status == NULL) work.w = (const uint8_t *)data_of(api, w.value, &status);
+  if (status == NULL) work.y = (float *)data_of(api, out, &status);
+  if (status != NULL) return status;
+  work.xq = (uint8_t *)malloc((size_t)work.m * kn->act_bytes + 64);
+  if (work.xq == NULL) return fail(api, OSG_ORT_FAIL, "%s: out of memory for %lld quantized rows", op, (long long)work.m);
+  if (work.m >= 4) {
+    status = parallel_for(kn, ctx, quantize_task, (size_t)work.m, &work);
+  } else {
+    for (int64_t row = 0; row < work.m; row++) quantize_task(&work, (size_t)row);
+  }
+  if (status == NULL)
+    status = parallel_for(kn, ctx, matmul_task, (size_t)((kn->rows + work.chunk - 1) / work.chunk), &work);
+  free(work.xq);
+  return status;
+}
+
+/* ---- GgufGather ---- */
+
+typedef struct {
+  const GgufKernel *kernel;
+  const uint8_t *w;
+  const int64_t *ids;
+  float *y;
+} GatherWork;
+
+static void gather_task(void *user, size_t i) {
+  const GatherWork *work = (const GatherWork *)user;
+  const GgufKernel *kn = work->kernel;
+  osg_dequant_row(kn->type, work->w + (size_t)work->ids[i] * kn->row_bytes, work->y + (int64_t)i * kn->k, kn->k);
+}
+
+static OrtStatus *gather_compute(const GgufKernel *kn, OrtKernelContext *ctx) {
+  const OrtApi *api = kn->api;
+  const char *op = "GgufGather";
+  Tensor w, ids;
+  OrtStatus *status = NULL;
+  RETURN_IF_ERROR(input(api, ctx, 0, op, "W", &w));
+  RETURN_IF_ERROR(input(api, ctx, 1, op, "ids", &ids));
+  if (w.type != OSG_TENSOR_UINT8 || ids.type != OSG_TENSOR_INT64)
+    return fail(api, OSG_ORT_INVALID_ARGUMENT, "%s: W must be uint8 and ids int64", op);
+  if (w.ndim != 2 || w.dims[0] != kn->rows || w.dims[1] != (int64_t)kn->row_bytes)
+    return fail(api, OSG_ORT_INVALID_ARGUMENT, "%s: W must be [V=%lld, %zu] (ggml type %d, K=%lld)", op,
+                (long long)kn->rows, kn->row_bytes, kn->type, (long long)kn->k);
+  if (ids.ndim >= OSG_MAX_DIMS)
+    return fail(api, OSG_ORT_INVALID_ARGUMENT, "%s: ids has too many dimensions", op);
+  int64_t dims[OSG_MAX_DIMS];
+  memcpy(dims, ids.dims, ids.ndim * sizeof dims[0]);
+  dims[ids.ndim] = kn->k;
+  GatherWork work = {kn, NULL, NULL, NULL};
+  int64_t count = leading_rows(&ids, 0);
+  work.ids = (const int64_t *)data_of(api, ids.value, &status);
+  if (status != NULL) return status;
+  for (int64_t i = 0; i < count; i++)
+    if (work.ids[i] < 0 || work.ids[i] >= kn->rows)
+      return fail(api, OSG_ORT_INVALID_ARGUMENT, "%s: id %lld at position %lld is outside [0, %lld)", op,
+                  (long long)work.ids[i], (long long)i, (long long)kn->rows);
+  OrtValue *out = NULL;
+  RETURN_IF_ERROR(api->KernelContext_GetOutput(ctx, 0, dims, ids.ndim + 1, &out));
+  if (count == 0) return NULL;
+  work.w = (const uint8_t *)data_of(api, w.value, &status);
+  if (status == NULL) work.y = (float *)data_of(api, out, &status);
+  if (status != NULL) return status;
+  return parallel_for(kn, ctx, gather_task, (size_t)count, &work);
+}
+
+/* ---- the OrtCustomOp callbacks ---- */
+
+static OrtStatus *OSG_ORT_CALL matmul_create(const OrtCustomOp *op, const OrtApi *api, const OrtKernelInfo *info,
+                                             void **kernel) {
+  (void)op;
+  return create_kernel(0, api, info, kernel);
+}
+
+static OrtStatus *OSG_ORT_CALL gather_create(const OrtCustomOp *op, const OrtApi *api, const OrtKernelInfo *info,
+                                             void **kernel) {
+  (void)op;
+  return create_kernel(1, api, info, kernel);
+}
+
+static OrtStatus *OSG_ORT_CALL compute(void *kernel, OrtKernelContext *ctx) {
+  const GgufKernel *kn = (const GgufKernel *)kernel;
+  return kn->gather ? gather_compute(kn, ctx) : matmul_compute(kn, ctx);
+}
+
+static void OSG_ORT_CALL destroy(void *kernel) { free(kernel); }
+
+static const char *OSG_ORT_CALL matmul_name(const OrtCustomOp *op) { (void)op; return "GgufMatMul"; }
+static const char *OSG_ORT_CALL gather_name(const OrtCustomOp *op) { (void)op; return "GgufGather"; }
+static const char *OSG_ORT_CALL cpu_provider(const OrtCustomOp *op) { (void)op; return "CPUExecutionProvider"; }
+
+static ONNXTensorElementDataType OSG_ORT_CALL matmul_input_type(const OrtCustomOp *op, size_t index) {
+  (void)op;
+  return index == 0 ? OSG_TENSOR_FLOAT : OSG_TENSOR_UINT8;
+}
+
+static ONNXTensorElementDataType OSG_ORT_CALL gather_input_type(const OrtCustomOp *op, size_t index) {
+  (void)op;
+  return index == 0 ? OSG_TENSOR_UINT8 : OSG_TENSOR_INT64;
+}
+
+static ONNXTensorElementDataType OSG_ORT_CALL float_output(const OrtCustomOp *op, size_t index) {
+  (void)op, (void)index;
+  return OSG_TENSOR_FLOAT;
+}
+
+static size_t OSG_ORT_CALL two(const OrtCustomOp *op) { (void)op; return 2; }
+static size_t OSG_ORT_CALL one(const OrtCustomOp *op) { (void)op; return 1; }
+
+static OrtCustomOpInputOutputCharacteristic OSG_ORT_CALL required(const OrtCustomOp *op, size_t index) {
+  (void)op, (void)index;
+  return OSG_IO_REQUIRED;
+}
+
+static OrtMemType OSG_ORT_CALL default_memory(const OrtCustomOp *op, size_t index) {
+  (void)op, (void)index;
+  return OSG_MEM_DEFAULT;
+}
+
+static int OSG_ORT_CALL arity_one(const OrtCustomOp *op) { (void)op; return 1; }
+static int OSG_ORT_CALL homogeneous(const OrtCustomOp *op) { (void)op; return 1; }
+
+#define OSG_OP(name_fn, input_type_fn, create_fn)                                                       \
+  {                                                                                                     \
+    OSG_CUSTOM_OP_VERSION, NULL, name_fn, cpu_provider, input_type_fn, two, float_output, one, NULL,    \
+        destroy, required, required, default_memory, arity_one, homogeneous, arity_one, homogeneous,   \
+        create_fn, compute                                                                              \
+  }
+
+static const OrtCustomOp g_matmul_op = OSG_OP(matmul_name, matmul_input_type, matmul_create);
+static const OrtCustomOp g_gather_op = OSG_OP(gather_name, gather_input_type, gather_create);
+
+/* What onnxruntime (SessionOptions.register_custom_ops_library) and onnxruntime-genai
+ * (session_options.custom_ops_library) call after loading the library. */
+/* Remembers a runtime's tables; the registry is small and written only while sessions are set up. */
+static void remember(const OrtApiBase *api_base, const OrtApi *best, int parallel) {
+  static volatile int lock;
+  Runtime rt = {api_base->GetApi(OSG_CUSTOM_OP_VERSION), best, parallel};
+  while (__sync_lock_test_and_set(&lock, 1)) {
+  }
+  int known = 0;
+  for (int i = 0; i < g_runtime_count; i++) known |= g_runtimes[i].best == best;
+  if (!known && g_runtime_count < OSG_MAX_RUNTIMES) g_runtimes[g_runtime_count++] = rt;
+  __sync_lock_release(&lock);
+}
+
+/* What onnxruntime (SessionOptions.register_custom_ops_library) and onnxruntime-genai
+ * (session_options.custom_ops_library) call after loading the library. */
+OSG_EXPORT OrtStatus *OSG_ORT_CALL RegisterCustomOps(OrtSessionOptions *options, const OrtApiBase *api_base) {
+  if (api_base == NULL || api_base->GetApi == NULL) return NULL; /* nothing to report an error with */
+  const OrtApi *api = api_base->GetApi(OSG_ORT_API_PARALLEL);
+  int parallel = api != NULL;
+  if (api == NULL) api = api_base->GetApi(OSG_ORT_API_MIN);
+  if (api == NULL) {
+    /* No table of a version the ops can use: the error is made with the first table's
+     * CreateStatus, which every version has at slot 0. */
+    const OrtApi *oldest = api_base->GetApi(1);
+    if (oldest == NULL) return NULL;
+    return oldest->CreateStatus(OSG_ORT_NOT_IMPLEMENTED,
+                                "ortserve.gguf ops need onnxruntime >= 1.16 (C API version 16)");
+  }
+  remember(api_base, api, parallel);
+  OrtCustomOpDomain *domain = NULL;
+  RETURN_IF_ERROR(api->CreateCustomOpDomain(OSG_DOMAIN, &domain));
+  RETURN_IF_ERROR(api->CustomOpDomain_Add(domain, &g_matmul_op));
+  RETURN_IF_ERROR(api->CustomOpDomain_Add(domain, &g_gather_op));
+  /* The domain must outlive every session made from these options, and ORT gives no hook for
+   * when the last one ends: it is kept for the life of the process (a few dozen bytes). */
+  return api->AddCustomOpDomain(options, domain);
+}

@@ -1,0 +1,154 @@
+"""The ortserve.gguf custom ops in a real onnxruntime.InferenceSession, against the numpy twin of the
+kernels' arithmetic (native/reference.py): every type, odd shapes, 1 and 2 intra-op threads.
+
+Running them through ONNX Runtime is also what checks the project's own ABI header
+(csrc/ort_abi.h): a wrong slot index calls the wrong function and fails here.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+from ortserve import native
+from ortserve.native import build as native_build
+from ortserve.native import reference as ref
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the library builds on Linux")
+
+# offsets of the fp16 scale fields in each block (random bytes there could be inf or NaN)
+F16_FIELDS = {2: (0,), 3: (0, 2), 6: (0,), 7: (0, 2), 8: (0,), 12: (0, 2), 13: (0, 2), 14: (208,)}
+TYPES = sorted(native.SUPPORTED_TYPES)
+
+
+@pytest.fixture(scope="module")
+def library():
+    """The library, rebuilt first when missing or older than its sources (a clean clone after
+    `make install` has it; a developer who edited csrc/ gets a fresh one)."""
+    result = native_build.build()
+    assert result.ok, result.reason
+    native._status.cache_clear()
+    return result.library
+
+
+def random_weights(t: int, n: int, k: int, rng: np.random.Generator) -> np.ndarray:
+    be, bb = ref.BLOCK[t]
+    w = rng.integers(0, 256, size=(n, k // be, bb), dtype=np.uint8)
+    for off in F16_FIELDS[t]:
+        scale = rng.uniform(0.002, 0.05, size=(n, k // be)) * rng.choice([-1, 1], size=(n, k // be))
+        w[..., off:off + 2] = scale.astype(np.float16)[..., None].view(np.uint8)
+    return w.reshape(n, -1)
+
+
+def width(t: int) -> int:
+    return 256 * 2 if ref.block_elems(t) == 256 else 32 * 5
+
+
+def model(node: helper.NodeProto, inputs: list, name: str = "Y") -> bytes:
+    graph = helper.make_graph([node], "g", inputs, [helper.make_tensor_value_info(name, TensorProto.FLOAT, None)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                   helper.make_opsetid(native.DOMAIN, native.OPSET)]
+                             ).SerializeToString()
+
+
+def session(library, graph: bytes, threads: int) -> ort.InferenceSession:
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.register_custom_ops_library(str(library))
+    return ort.InferenceSession(graph, so, providers=["CPUExecutionProvider"])
+
+
+def matmul_model(t: int, k: int, n: int, x_shape: list | None = None, w_shape: list | None = None) -> bytes:
+    node = helper.make_node(native.MATMUL_OP, ["X", "W"], ["Y"], domain=native.DOMAIN, ggml_type=t, K=k, N=n)
+    w_shape = w_shape or [n, native.row_bytes(t, k)]
+    return model(node, [helper.make_tensor_value_info("X", TensorProto.FLOAT, x_shape or [None, k]),
+                        helper.make_tensor_value_info("W", TensorProto.UINT8, w_shape)])
+
+
+def gather_model(t: int, k: int, v: int) -> bytes:
+    node = helper.make_node(native.GATHER_OP, ["W", "ids"], ["Y"], domain=native.DOMAIN, ggml_type=t, K=k, V=v)
+    return model(node, [helper.make_tensor_value_info("W", TensorProto.UINT8, [v, native.row_bytes(t, k)]),
+                        helper.make_tensor_value_info("ids", TensorProto.INT64, None)])
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("t", TYPES, ids=[ref.NAMES[t] for t in TYPES])
+def test_matmul_equals_the_reference(library, t, threads):
+    rng = np.random.default_rng(t * 10 + threads)
+    k, n = width(t), 37  # N odd and not a multiple of any chunk
+    w = random_weights(t, n, k, rng)
+    sess = session(library, matmul_model(t, k, n), threads)
+    for m in (1, 3, 9, 17):
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        x[:, rng.integers(0, k, size=3)] *= 20.0  # outliers, as real activations have
+        (y,) = sess.run(None, {"X": x, "W": w})
+        want, scale = ref.matmul(t, w, x)
+        assert y.shape == (m, n) and y.dtype == np.float32
+        np.testing.assert_array_less(np.abs(y - want), 1e-5 * scale + 1e-6, err_msg=f"M={m}")
+
+
+def test_matmul_keeps_leading_dimensions_and_many_rows(library):
+    t, k, n = 12, 256, 200  # N beyond one chunk of rows; M beyond the decode sizes
+    rng = np.random.default_rng(7)
+    w = random_weights(t, n, k, rng)
+    x = rng.standard_normal((2, 33, k)).astype(np.float32)
+    (y,) = session(library, matmul_model(t, k, n, [2, None, k]), 2).run(None, {"X": x, "W": w})
+    want, scale = ref.matmul(t, w, x.reshape(-1, k))
+    assert y.shape == (2, 33, n)
+    np.testing.assert_array_less(np.abs(y.reshape(-1, n) - want), 1e-5 * scale + 1e-6)
+
+
+def test_matmul_with_no_rows(library):
+    t, k, n = 8, 64, 5
+    w = random_weights(t, n, k, np.random.default_rng(1))
+    (y,) = session(library, matmul_model(t, k, n), 2).run(None, {"X": np.zeros((0, k), np.float32), "W": w})
+    assert y.shape == (0, n)
+
+
+@pytest.mark.parametrize("t", TYPES, ids=[ref.NAMES[t] for t in TYPES])
+def test_gather_is_exact(library, t):
+    rng = np.random.default_rng(t)
+    k, v = width(t), 11
+    w = random_weights(t, v, k, rng)
+    ids = np.array([[10, 0, 3], [3, 3, 7]], np.int64)
+    (y,) = session(library, gather_model(t, k, v), 2).run(None, {"W": w, "ids": ids})
+    assert y.shape == (2, 3, k)
+    np.testing.assert_array_equal(y, ref.dequantize(t, w, k)[ids])
+
+
+@pytest.mark.parametrize("bad", [11, -1])
+def test_gather_refuses_ids_out_of_range(library, bad):
+    t, k, v = 8, 32, 11
+    w = random_weights(t, v, k, np.random.default_rng(0))
+    sess = session(library, gather_model(t, k, v), 1)
+    with pytest.raises(Exception, match=rf"GgufGather: id {bad} at position 1 is outside \[0, 11\)"):
+        sess.run(None, {"W": w, "ids": np.array([1, bad], np.int64)})
+
+
+def test_shapes_that_disagree_with_the_attributes_are_errors(library):
+    t, k, n = 8, 64, 5
+    w = random_weights(t, n, k, np.random.default_rng(0))
+    sess = session(library, matmul_model(t, k, n, [None, None], [None, None]), 1)
+    with pytest.raises(Exception, match="X's last dimension must be K=64"):
+        sess.run(None, {"X": np.zeros((1, 32), np.float32), "W": w})
+    sess = session(library, matmul_model(t, k, n + 1, [None, k], [None, None]), 1)
+    with pytest.raises(Exception, match=r"W must be \[N=6, 68\]"):
+        sess.run(None, {"X": np.zeros((1, k), np.float32), "W": w})
+
+
+@pytest.mark.parametrize(("attrs", "message"), [
+    ({"ggml_type": 1, "K": 64, "N": 4}, "ggml type 1 is not supported"),
+    ({"ggml_type": 12, "K": 64, "N": 4}, "K=64 is not a positive multiple of 256"),
+    ({"ggml_type": 8, "K": 64, "N": 0}, "N=0 must be positive"),
+    ({"ggml_type": 8, "K": 64}, "missing int attribute 'N'"),
+])
+def test_bad_attributes_fail_when_the_session_is_made(library, attrs, message):
+    node = helper.make_node(native.MATMUL_OP, ["X", "W"], ["Y"], domain=native.DOMAIN, **attrs)
+    graph = model(node, [helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, 64]),
+                         helper.make_tensor_value_info("W", TensorProto.UINT8, [None, None])])
+    with pytest.raises(Exception, match=message):
+        session(library, graph, 1)
