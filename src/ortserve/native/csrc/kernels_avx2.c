@@ -133,7 +133,7 @@ AVX2_INLINE void rows32(int kind, int64_t nb, const uint8_t *w, const uint8_t *a
     static const int bytes[5] = {18, 20, 22, 24, 34};
     __m256 acc[RMAX];
     float accm[RMAX];
-    for (int r = 0; r < R; r++) { acc[r] = _mm256_setzero_ps(); accm[r] = 0.0f; }
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) { acc[r] = _mm256_setzero_ps(); accm[r] = 0.0f; }
     for (int64_t i = 0; i < nb; i++, w += bytes[kind]) {
         __m256i q;
         float d = f16(*(const uint16_t *)w), m = 0.0f;
@@ -144,7 +144,7 @@ AVX2_INLINE void rows32(int kind, int64_t nb, const uint8_t *w, const uint8_t *a
         case 3: q = _mm256_or_si256(nibbles32(w + 8), fifth_bits(w + 4)); m = f16(*(const uint16_t *)(w + 2)); break;
         default: q = _mm256_loadu_si256((const __m256i *)(w + 2)); break;
         }
-        for (int r = 0; r < R; r++) {
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
             const act32 *y = (const act32 *)(a + r * astride) + i;
             __m256i av = _mm256_loadu_si256((const __m256i *)y->qs);
             __m256i s = (kind == 1 || kind == 3) ? dot_unsigned(q, av) : dot_signed(q, av);
@@ -152,7 +152,7 @@ AVX2_INLINE void rows32(int kind, int64_t nb, const uint8_t *w, const uint8_t *a
             if (kind == 1 || kind == 3) accm[r] += (m * y->d) * (float)y->sum;
         }
     }
-    for (int r = 0; r < R; r++) out[r * ostride] = hsum_ps(acc[r]) + accm[r];
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) out[r * ostride] = hsum_ps(acc[r]) + accm[r];
 }
 
 #define FAMILY32(name, kind)                                                                          \
@@ -167,7 +167,11 @@ AVX2_INLINE void rows32(int kind, int64_t nb, const uint8_t *w, const uint8_t *a
         int64_t r = 0;                                                                                \
         for (; r + RMAX <= m; r += RMAX)                                                              \
             rows32(kind, nb, (const uint8_t *)w, ap + r * as, as, RMAX, out + r * os, os);            \
-        for (; r < m; r++) rows32(kind, nb, (const uint8_t *)w, ap + r * as, as, 1, out + r * os, os); \
+        switch (m - r) {                                                                           \
+        case 3: rows32(kind, nb, (const uint8_t *)w, ap + r * as, as, 3, out + r * os, os); break;        \
+        case 2: rows32(kind, nb, (const uint8_t *)w, ap + r * as, as, 2, out + r * os, os); break;        \
+        case 1: rows32(kind, nb, (const uint8_t *)w, ap + r * as, as, 1, out + r * os, os); break;        \
+        } \
     }
 
 FAMILY32(q4_0, 0)
@@ -178,27 +182,21 @@ FAMILY32(q8_0, 4)
 
 /* ---------------- K-quants ---------------- */
 
-/* the 8 scales and 8 minimums of a Q4_K/Q5_K super-block */
-AVX2_INLINE void k4_scales(const uint8_t *s, uint8_t sc[8], uint8_t mn[8]) {
-    for (int j = 0; j < 8; j++) osg_scale_min_k4(s, j, &sc[j], &mn[j]);
-}
-
 /* Q4_K (five = 0) and Q5_K (five = 1), R activation rows */
 AVX2_INLINE void rows_q45k(int five, int64_t nb, const uint8_t *w, const uint8_t *a, size_t astride, int R,
                            float *out, int64_t ostride) {
     const __m256i low = _mm256_set1_epi8(0x0F);
     __m256 acc[RMAX];
-    float accm[RMAX];
-    for (int r = 0; r < R; r++) { acc[r] = _mm256_setzero_ps(); accm[r] = 0.0f; }
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     const int bb = five ? 176 : 144;
     for (int64_t i = 0; i < nb; i++, w += bb) {
         const blk_q4_k *b4 = (const blk_q4_k *)w;
         const uint8_t *qs = five ? ((const blk_q5_k *)w)->qs : b4->qs;
         uint8_t sc[8], mn[8];
-        k4_scales(b4->scales, sc, mn);
+        osg_scales_mins_k4(b4->scales, sc, mn);
         __m256i qh = five ? _mm256_loadu_si256((const __m256i *)((const blk_q5_k *)w)->qh) : _mm256_setzero_si256();
         __m256i sumi[RMAX];
-        for (int r = 0; r < R; r++) sumi[r] = _mm256_setzero_si256();
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) sumi[r] = _mm256_setzero_si256();
         for (int j2 = 0; j2 < 4; j2++) {
             __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * j2));
             __m256i lo = _mm256_and_si256(q, low), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
@@ -208,7 +206,7 @@ AVX2_INLINE void rows_q45k(int five, int64_t nb, const uint8_t *w, const uint8_t
                 hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * j2 + 1), one), 4));
             }
             __m256i slo = _mm256_set1_epi16(sc[2 * j2]), shi = _mm256_set1_epi16(sc[2 * j2 + 1]);
-            for (int r = 0; r < R; r++) {
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
                 const int8_t *av = ((const act256 *)(a + r * astride) + i)->qs + 64 * j2;
                 __m256i plo = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)av));
                 __m256i phi = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(av + 32)));
@@ -219,14 +217,14 @@ AVX2_INLINE void rows_q45k(int five, int64_t nb, const uint8_t *w, const uint8_t
         /* minimums against the sums of 16: each minimum twice, as 16 int16 */
         __m128i m8 = _mm_loadl_epi64((const __m128i *)mn);
         __m256i m16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
-        for (int r = 0; r < R; r++) {
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
             const act256 *y = (const act256 *)(a + r * astride) + i;
-            int summ = hsum_epi32(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y->bsums), m16));
+            __m256i summ = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y->bsums), m16);
             acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * y->d), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
-            accm[r] -= (dmin * y->d) * (float)summ;
+            acc[r] = _mm256_fnmadd_ps(_mm256_set1_ps(dmin * y->d), _mm256_cvtepi32_ps(summ), acc[r]);
         }
     }
-    for (int r = 0; r < R; r++) out[r * ostride] = hsum_ps(acc[r]) + accm[r];
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) out[r * ostride] = hsum_ps(acc[r]);
 }
 
 /* Q6_K: q in 0..63 (unsigned) times a, minus 32 * (sum of a) per group of 16, times the group's scale */
@@ -234,12 +232,12 @@ AVX2_INLINE void rows_q6k(int64_t nb, const uint8_t *w, const uint8_t *a, size_t
                           float *out, int64_t ostride) {
     const __m256i low = _mm256_set1_epi8(0x0F), three = _mm256_set1_epi8(3);
     __m256 acc[RMAX];
-    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t i = 0; i < nb; i++, w += 210) {
         const blk_q6_k *b = (const blk_q6_k *)w;
         __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b->scales));
         __m256i sumi[RMAX];
-        for (int r = 0; r < R; r++) {
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
             const act256 *y = (const act256 *)(a + r * astride) + i;
             __m256i corr = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y->bsums), sc16);
             sumi[r] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(corr, 5));
@@ -259,7 +257,7 @@ AVX2_INLINE void rows_q6k(int64_t nb, const uint8_t *w, const uint8_t *a, size_t
             for (int c = 0; c < 4; c++) {
                 int g = 8 * h + 2 * c;
                 __m256i s = _mm256_set_m128i(_mm_set1_epi16(b->scales[g + 1]), _mm_set1_epi16(b->scales[g]));
-                for (int r = 0; r < R; r++) {
+                _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
                     const int8_t *av = ((const act256 *)(a + r * astride) + i)->qs + 128 * h + 32 * c;
                     __m256i p = _mm256_maddubs_epi16(q[c], _mm256_loadu_si256((const __m256i *)av));
                     sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(p, s));
@@ -267,12 +265,12 @@ AVX2_INLINE void rows_q6k(int64_t nb, const uint8_t *w, const uint8_t *a, size_t
             }
         }
         float d = f16(b->d);
-        for (int r = 0; r < R; r++) {
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
             const act256 *y = (const act256 *)(a + r * astride) + i;
             acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * y->d), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
         }
     }
-    for (int r = 0; r < R; r++) out[r * ostride] = hsum_ps(acc[r]);
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) out[r * ostride] = hsum_ps(acc[r]);
 }
 
 AVX2_INLINE void rows_k(int t, int64_t nb, const uint8_t *w, const uint8_t *a, size_t as, int R, float *out, int64_t os) {
@@ -292,7 +290,11 @@ AVX2_INLINE void rows_k(int t, int64_t nb, const uint8_t *w, const uint8_t *a, s
         int64_t r = 0;                                                                                \
         for (; r + RMAX <= m; r += RMAX)                                                              \
             rows_k(t, nb, (const uint8_t *)w, ap + r * as, as, RMAX, out + r * os, os);               \
-        for (; r < m; r++) rows_k(t, nb, (const uint8_t *)w, ap + r * as, as, 1, out + r * os, os);   \
+        switch (m - r) {                                                                           \
+        case 3: rows_k(t, nb, (const uint8_t *)w, ap + r * as, as, 3, out + r * os, os); break;        \
+        case 2: rows_k(t, nb, (const uint8_t *)w, ap + r * as, as, 2, out + r * os, os); break;        \
+        case 1: rows_k(t, nb, (const uint8_t *)w, ap + r * as, as, 1, out + r * os, os); break;        \
+        }   \
     }
 
 FAMILYK(q4_k, OSG_Q4_K)

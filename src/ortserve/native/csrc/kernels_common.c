@@ -274,8 +274,9 @@ void osg_quantize_act(int t, const float *x, void *xq, int64_t k) {
     (be == QK ? kt->quant32 : kt->quant256)(x, xq, k);
 }
 
-/* Rows of the weight are taken one at a time and dotted against all m activation rows while the row
- * (a few KB) sits in L1: each weight byte is read from memory once per call, whatever m is. */
+/* The weight is taken in chunks that stay in L2 (256 KB); each tile of 4 activation rows (in L1)
+ * passes over the chunk, and each weight block is unpacked once per tile. Every weight byte is read
+ * from memory once per call, whatever m is. */
 void osg_matmul_rows(int t, int64_t k, const void *w, const void *xq, int64_t m_rows, float *y,
                      int64_t ldy, int64_t n0, int64_t n1) {
     int be = osg_block_elems(t);
@@ -284,15 +285,24 @@ void osg_matmul_rows(int t, int64_t k, const void *w, const void *xq, int64_t m_
     osg_dot_fn dot = kt->dot[t] ? kt->dot[t] : osg_scalar_kernels.dot[t];
     osg_dot_multi_fn multi = kt->multi[t];
     size_t rb = osg_row_bytes(t, k), ab = osg_act_row_bytes(t, k);
-    int64_t nb = k / be;
+    int64_t nb = k / be, chunk = rb ? (int64_t)((256 << 10) / rb) : 1;
+    if (chunk < 1) chunk = 1;
     const uint8_t *wp = (const uint8_t *)w;
     const uint8_t *ap = (const uint8_t *)xq;
-    for (int64_t n = n0; n < n1; n++) {
-        const uint8_t *row = wp + (size_t)n * rb;
-        if (multi && m_rows > 1) {
-            multi(nb, row, ap, ab, m_rows, y + n, ldy);
-        } else {
-            for (int64_t m = 0; m < m_rows; m++) y[m * ldy + n] = dot(nb, row, ap + (size_t)m * ab);
+    for (int64_t c0 = n0; c0 < n1; c0 += chunk) {
+        int64_t c1 = c0 + chunk < n1 ? c0 + chunk : n1;
+        for (int64_t m0 = 0; m0 < m_rows; m0 += 4) {
+            int64_t mr = m_rows - m0 < 4 ? m_rows - m0 : 4;
+            const uint8_t *a0 = ap + (size_t)m0 * ab;
+            float *y0 = y + m0 * ldy;
+            for (int64_t n = c0; n < c1; n++) {
+                const uint8_t *row = wp + (size_t)n * rb;
+                if (multi && mr > 1) {
+                    multi(nb, row, a0, ab, mr, y0 + n, ldy);
+                } else {
+                    for (int64_t m = 0; m < mr; m++) y0[m * ldy + n] = dot(nb, row, a0 + (size_t)m * ab);
+                }
+            }
         }
     }
 }
