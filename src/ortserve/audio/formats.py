@@ -29,8 +29,10 @@ def vtt(segments: list[Segment]) -> str:
                                   for s in segments)
 
 
-def render(t: Transcript, fmt: str, task: str, usage: dict[str, Any]) -> dict[str, Any] | str:
-    """The body of a finished transcription in ``fmt`` (a dict for the JSON formats)."""
+def render(t: Transcript, fmt: str, task: str, usage: dict[str, Any],
+           granularities: tuple[str, ...] = ()) -> dict[str, Any] | str:
+    """The body of a finished transcription in ``fmt`` (a dict for the JSON formats). verbose_json
+    has ``segments`` unless only ``word`` granularity was asked, and ``words`` when it was (OpenAI's)."""
     if fmt == "text":
         return t.text + "\n"
     if fmt == "srt":
@@ -38,6 +40,11 @@ def render(t: Transcript, fmt: str, task: str, usage: dict[str, Any]) -> dict[st
     if fmt == "vtt":
         return vtt(t.segments)
     if fmt == "verbose_json":
-        return {"task": task, "language": t.language, "duration": round(t.duration, 2), "text": t.text,
-                "segments": [s.to_json() for s in t.segments], "usage": usage}
+        out: dict[str, Any] = {"task": task, "language": t.language, "duration": round(t.duration, 2),
+                               "text": t.text}
+        if "segment" in granularities or "word" not in granularities:
+            out["segments"] = [s.to_json() for s in t.segments]
+        if "word" in granularities:
+            out["words"] = [w.to_json() for w in t.words]
+        return {**out, "usage": usage}
     return {"text": t.text, "usage": usage}

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ortserve.audio import rules
+from ortserve.audio import alignment, rules
 from ortserve.audio.decode import RATE, Audio, wav_bytes
 from ortserve.audio.tokens import LANGUAGES, SpecialTokens, load_special_tokens
 
@@ -39,6 +39,7 @@ class Options:
     prompt: str = ""                  # text before the audio, as Whisper's previous text
     temperature: float = 0.0          # the first try's; fallbacks rise by 0.2 up to 1.0
     seed: int = 0
+    words: bool = False               # word timestamps (cross-attention alignment, audio/alignment.py)
 
 
 @dataclass
@@ -53,9 +54,11 @@ class Segment:
     avg_logprob: float
     compression_ratio: float
     no_speech_prob: float
+    words: list[alignment.Word] = field(default_factory=list)   # with Options.words
 
     def to_json(self) -> dict[str, Any]:
-        return {**self.__dict__, "start": round(self.start, 2), "end": round(self.end, 2)}
+        out = {k: v for k, v in self.__dict__.items() if k != "words"}
+        return {**out, "start": round(self.start, 2), "end": round(self.end, 2)}
 
 
 @dataclass
@@ -69,6 +72,7 @@ class _Try:
     text: str = ""
     avg_logprob: float = 0.0
     compression: float = 0.0
+    cross: dict[str, np.ndarray] | None = None   # the encoder's cross-attention keys/values (for words)
 
 
 @dataclass
@@ -81,6 +85,10 @@ class Transcript:
     @property
     def text(self) -> str:
         return "".join(s.text for s in self.segments).strip()
+
+    @property
+    def words(self) -> list[alignment.Word]:
+        return [w for s in self.segments for w in s.words]
 
 
 class WhisperModel:
@@ -107,6 +115,13 @@ class WhisperModel:
                                                           notes.get("suppress_tokens"))
         self.multilingual = len(self.special.languages) > 1
         self.lock = threading.Lock()
+        self.threads = threads
+        dec = cfg["model"]["decoder"]
+        self.layers, self.kv_heads, self.head_size = (int(dec["num_hidden_layers"]), int(dec["num_key_value_heads"]),
+                                                      int(dec["head_size"]))
+        heads = notes.get("alignment_heads") or alignment.default_heads(self.layers, int(dec["num_attention_heads"]))
+        self.alignment_heads = [(int(a), int(b)) for a, b in heads]
+        self._aligner: alignment.Aligner | None = None
 
     def memory_bytes(self) -> int:
         return sum(p.stat().st_size for p in self.dir.glob("*.onnx*"))
@@ -123,7 +138,7 @@ class WhisperModel:
         return gen
 
     def _decode(self, pcm: np.ndarray, prompt: str, language: str | None, task: str, temperature: float,
-                rng: np.random.Generator) -> _Try:
+                rng: np.random.Generator, words: bool = False) -> _Try:
         """One window at one temperature; ``language`` None: detected from this first step."""
         sp = self.special
         gen = self._start(pcm, prompt)
@@ -150,6 +165,9 @@ class WhisperModel:
             gen.append_tokens(np.array([token], dtype=np.int32))
             logits = gen.get_logits().reshape(-1)
         t = _Try(sampled, total, no_speech, temperature, language, finished)
+        if words:
+            names = [f"present_{kv}_cross_{i}" for kv in ("key", "value") for i in range(self.layers)]
+            t.cross = {n: np.ascontiguousarray(gen.get_output(n)) for n in names}
         t.text = self.text_of(sampled)
         t.avg_logprob = total / (len(sampled) + 1)
         t.compression = rules.compression_ratio(t.text)
@@ -165,7 +183,7 @@ class WhisperModel:
         temps = [opts.temperature] + [round(t, 1) for t in np.arange(0.2, 1.01, 0.2) if t > opts.temperature + 1e-6]
         tries: list[_Try] = []
         for temp in temps:
-            t = self._decode(pcm, prompt, language, opts.task, temp, rng)
+            t = self._decode(pcm, prompt, language, opts.task, temp, rng, opts.words)
             language = t.language
             tries.append(t)
             if silent(t):
@@ -204,6 +222,8 @@ class WhisperModel:
                 seek += size                    # silence: skip the window
                 continue
             segments, advance = self._segments(t, seek, size, n)
+            if opts.words and segments:
+                self._time_words(t, segments, seek, size, opts.task)
             for s in segments:
                 s.id = len(found.segments)
                 found.segments.append(s)
@@ -212,6 +232,34 @@ class WhisperModel:
             seek += advance
             if t.temperature > 0.5:
                 history = []                    # a hard window: do not condition the next on it
+
+    def aligner(self) -> alignment.Aligner:
+        with self.lock:
+            if self._aligner is None:
+                self._aligner = alignment.Aligner(self.dir, self.alignment_heads, self.layers, self.kv_heads,
+                                                  self.head_size, self.threads)
+            return self._aligner
+
+    def _time_words(self, t: _Try, segments: list[Segment], seek: int, size: int, task: str) -> None:
+        """Each segment's words, timed by the alignment heads over the whole window's text at once."""
+        sp = self.special
+        sot = [sp.sot, *([sp.languages[t.language], sp.translate if task == "translate" else sp.transcribe]
+                         if self.multilingual else []), sp.no_timestamps]
+        text = [x for s in segments for x in s.tokens if x < sp.eot]
+        if t.cross is None or not text:
+            return
+        starts = self.aligner().token_starts(sot, text, sp.eot, t.cross, size // (RATE // 50))
+        words = alignment.words_of(text, starts, self.text_of, t.language, seek / RATE)
+        for s in segments:                    # hand the words out in order, by their tokens
+            need = sum(1 for x in s.tokens if x < sp.eot)
+            while need > 0 and words:
+                w = words.pop(0)
+                s.words.append(w)
+                need -= len(w.tokens)
+        if words and segments:
+            segments[-1].words.extend(words)
+        for s in segments:
+            alignment.tidy(s.words, s.start, s.end)
 
     def prompt_text(self, tokens: list[int]) -> str:
         """Tokens as the prompt string og's tokenizer reads back: text, and timestamps as <|x.xx|>."""

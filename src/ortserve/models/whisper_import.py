@@ -65,12 +65,13 @@ def import_whisper(store: ModelStore, src: Path, model_id: str, *, precision: st
             else:
                 hf = _hf_view(src, work / "hf")
             config = json.loads((hf / "config.json").read_text(encoding="utf-8"))
+            heads = alignment_heads(hf, config)
             convert.build_onnx(hf, tmp, precision=precision, device="cpu", cache_dir=work / "cache",
                                progress=progress)
         finally:
             shutil.rmtree(work, ignore_errors=True)
         notes = {"suppress_tokens": [int(t) for t in config.get("suppress_tokens") or []],
-                 "source_format": "ctranslate2" if ct2 else "huggingface"}
+                 "source_format": "ctranslate2" if ct2 else "huggingface", "alignment_heads": heads}
         (tmp / "whisper.json").write_text(json.dumps(notes), encoding="utf-8")
         fields: dict[str, Any] = {"precision": precision, "device": "cpu", "kind": "audio",
                                   "architecture": "whisper", "context_length": int(config.get("max_target_positions", 448)),
@@ -81,6 +82,16 @@ def import_whisper(store: ModelStore, src: Path, model_id: str, *, precision: st
         return fields
 
     return store.install(model_id, variant_name(precision, "cpu"), build)
+
+
+def alignment_heads(hf: Path, config: dict[str, Any]) -> list[list[int]]:
+    """The (layer, head) pairs whose cross-attention follows the audio (word timestamps), from the
+    config or a Hugging Face generation_config.json; [] where neither lists them."""
+    heads = config.get("alignment_heads")
+    gen = hf / "generation_config.json"
+    if not heads and gen.is_file():
+        heads = json.loads(gen.read_text(encoding="utf-8")).get("alignment_heads")
+    return [[int(a), int(b)] for a, b in heads or []]
 
 
 def _hf_view(src: Path, out: Path) -> Path:

@@ -41,6 +41,7 @@ class AudioRequest:
     options: Options
     response_format: str
     stream: bool
+    granularities: tuple[str, ...] = ()
 
 
 def _one(form: Any, name: str) -> str | None:
@@ -73,8 +74,9 @@ async def parse(request: Request, task: str) -> AudioRequest:
     fmt = _one(form, "response_format") or "json"
     if fmt not in RESPONSE_FORMATS:
         raise InvalidRequest(f"'response_format' must be one of {', '.join(RESPONSE_FORMATS)}", param="response_format")
-    return AudioRequest(await upload.read(), _one(form, "model"), _options(form, task, fmt), fmt,
-                        _stream(form, fmt))
+    options = _options(form, task, fmt)
+    grains = tuple(form.getlist("timestamp_granularities[]") + form.getlist("timestamp_granularities"))
+    return AudioRequest(await upload.read(), _one(form, "model"), options, fmt, _stream(form, fmt), grains)
 
 
 def _options(form: Any, task: str, fmt: str) -> Options:
@@ -96,13 +98,11 @@ def _options(form: Any, task: str, fmt: str) -> Options:
         if g not in GRANULARITIES:
             raise InvalidRequest(f"'timestamp_granularities[]' values are {' and '.join(GRANULARITIES)}",
                                  param="timestamp_granularities[]")
-        if g == "word":
-            raise InvalidRequest("word timestamps are not supported yet; ask for 'segment'",
-                                 param="timestamp_granularities[]")
     if grains and fmt != "verbose_json":
         raise InvalidRequest("'timestamp_granularities[]' needs response_format 'verbose_json'",
                              param="timestamp_granularities[]")
-    return Options(task=task, language=language, prompt=_one(form, "prompt") or "", temperature=temperature)
+    return Options(task=task, language=language, prompt=_one(form, "prompt") or "", temperature=temperature,
+                   words="word" in grains)
 
 
 def _stream(form: Any, fmt: str) -> bool:
@@ -148,7 +148,8 @@ async def _serve(request: Request, task: str) -> Response:
             holder.count(task, audio.seconds, time.perf_counter() - t0)
     finally:
         holder.release()
-    out = render(found, body.response_format, task, {"type": "duration", "seconds": round(audio.seconds, 2)})
+    out = render(found, body.response_format, task, {"type": "duration", "seconds": round(audio.seconds, 2)},
+                 body.granularities)
     if isinstance(out, dict):
         return JSONResponse(out)
     return PlainTextResponse(out, media_type=MEDIA_TYPES[body.response_format])
