@@ -93,3 +93,22 @@ def test_rebuilt_when_a_source_is_newer(tmp_path):
     newer = first.library.stat().st_mtime + 10
     os.utime(header, (newer, newer))
     assert native_build.build(tmp_path, csrc=tmp_path).reason == "built"
+
+
+@pytest.mark.parametrize(("env", "line"), [
+    ("0", "GGUF kernels  MatMulNBits (disabled by setting (ORTSERVE_NATIVE=0))"),
+    ("1", "GGUF kernels  "),
+])
+def test_ortserve_info_says_which_path_and_why(monkeypatch, tmp_path, fresh_status, library, env, line):
+    from click.testing import CliRunner
+
+    from ortserve.cli.system import info
+
+    monkeypatch.setenv("ORTSERVE_HOME", str(tmp_path))
+    monkeypatch.setenv("ORTSERVE_NATIVE", env)
+    result = CliRunner().invoke(info, [])
+    assert result.exit_code == 0, result.output
+    shown = next(x for x in result.output.splitlines() if x.startswith("GGUF kernels"))
+    assert shown.startswith(line)
+    st = native.status()
+    assert shown.endswith(f"({st.reason})") and ("ortserve.gguf ops" in shown) == st.active

@@ -152,3 +152,26 @@ def test_bad_attributes_fail_when_the_session_is_made(library, attrs, message):
                          helper.make_tensor_value_info("W", TensorProto.UINT8, [None, None])])
     with pytest.raises(Exception, match=message):
         session(library, graph, 1)
+
+
+@pytest.fixture(params=["scalar", "avx2", "avx512"])
+def isa(request, library):
+    """Each instruction-set path the CPU has, chosen in the library ONNX Runtime runs (the same
+    loaded object as ctypes': one path per process), the CPU's best restored after."""
+    lib = native._load(library)
+    before = lib.osg_isa().decode()
+    if lib.osg_set_isa(request.param.encode()) != 0:
+        pytest.skip(f"this CPU has no {request.param}")
+    yield request.param
+    lib.osg_set_isa(b"avx512" if before == "avx512vnni" else before.encode())
+
+
+@pytest.mark.parametrize("t", TYPES, ids=[ref.NAMES[t] for t in TYPES])
+def test_every_isa_path_through_the_session(library, isa, t):
+    rng = np.random.default_rng(100 + t)
+    k, n = width(t), 45
+    w = random_weights(t, n, k, rng)
+    x = rng.standard_normal((5, k)).astype(np.float32)
+    (y,) = session(library, matmul_model(t, k, n), 2).run(None, {"X": x, "W": w})
+    want, scale = ref.matmul(t, w, x)
+    np.testing.assert_array_less(np.abs(y - want), 1e-5 * scale + 1e-6)
