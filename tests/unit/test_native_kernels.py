@@ -4,16 +4,12 @@ on every instruction-set path this CPU has (scalar, AVX2, AVX-512 VNNI, forced b
 from __future__ import annotations
 
 import ctypes
-import shutil
-import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from ortserve.native import reference as ref
 
-CSRC = Path(__file__).resolve().parents[2] / "src" / "ortserve" / "native" / "csrc"
 TYPES = [ref.Q4_0, ref.Q4_1, ref.Q5_0, ref.Q5_1, ref.Q8_0, ref.Q4_K, ref.Q5_K, ref.Q6_K]
 ISAS = ["scalar", "avx2", "avx512"]
 # byte offsets of the fp16 scale fields in each block
@@ -21,28 +17,20 @@ F16_FIELDS = {ref.Q4_0: [0], ref.Q4_1: [0, 2], ref.Q5_0: [0], ref.Q5_1: [0, 2], 
               ref.Q4_K: [0, 2], ref.Q5_K: [0, 2], ref.Q6_K: [208]}
 
 
-def _installed_library() -> Path | None:
-    try:
-        from ortserve import native
-    except ImportError:
-        return None
-    finder = getattr(native, "library_path", None)
-    path = finder() if finder else None
-    return Path(path) if path else None
-
-
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
-    """The installed library when the package's build made one, else the kernel sources compiled
-    here as they are (no -march: the SIMD paths are chosen at run time)."""
-    path = _installed_library()
-    if path is None:
-        cc = shutil.which("cc") or shutil.which("gcc")
-        if cc is None:
-            pytest.skip("no C compiler")
-        path = tmp_path_factory.mktemp("osg") / "libosg.so"
-        sources = sorted(str(p) for p in CSRC.glob("kernels*.c"))
-        subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", str(path), *sources], check=True)
+    """The installed library when it is at least as new as every source, else the sources built
+    into a temporary folder by the install's own build (same compiler flags, no -march: the SIMD
+    paths are chosen at run time), so the tests never run a stale build."""
+    from ortserve import native
+    from ortserve.native import build
+
+    path = native.library_path()
+    if path is None or build.stale(path):
+        result = build.build(tmp_path_factory.mktemp("osg"), force=True)
+        if not result.ok:
+            pytest.skip(result.reason)
+        path = result.library
     so = ctypes.CDLL(str(path))
     i64, vp = ctypes.c_int64, ctypes.c_void_p
     so.osg_row_bytes.restype = so.osg_act_row_bytes.restype = ctypes.c_size_t
