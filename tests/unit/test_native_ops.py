@@ -120,6 +120,15 @@ def test_gather_is_exact(library, t):
     np.testing.assert_array_equal(y, ref.dequantize(t, w, k)[ids])
 
 
+def test_gather_of_many_rows_in_parallel(library):
+    t, k, v = 12, 256, 50  # 300 rows of 256: past the size gathered in the calling thread
+    rng = np.random.default_rng(3)
+    w = random_weights(t, v, k, rng)
+    ids = rng.integers(0, v, size=(3, 100), dtype=np.int64)
+    (y,) = session(library, gather_model(t, k, v), 2).run(None, {"W": w, "ids": ids})
+    np.testing.assert_array_equal(y, ref.dequantize(t, w, k)[ids])
+
+
 @pytest.mark.parametrize("bad", [11, -1])
 def test_gather_refuses_ids_out_of_range(library, bad):
     t, k, v = 8, 32, 11

@@ -281,6 +281,11 @@ static OrtStatus *gather_compute(const GgufKernel *kn, OrtKernelContext *ctx) {
   work.w = (const uint8_t *)data_of(api, w.value, &status);
   if (status == NULL) work.y = (float *)data_of(api, out, &status);
   if (status != NULL) return status;
+  /* A decode step gathers one row per sequence: a few microseconds, less than waking the pool. */
+  if (count * kn->k < (1 << 16)) {
+    for (int64_t i = 0; i < count; i++) gather_task(&work, (size_t)i);
+    return NULL;
+  }
   return parallel_for(kn, ctx, gather_task, (size_t)count, &work);
 }
 
