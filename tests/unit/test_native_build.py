@@ -112,3 +112,21 @@ def test_ortserve_info_says_which_path_and_why(monkeypatch, tmp_path, fresh_stat
     assert shown.startswith(line)
     st = native.status()
     assert shown.endswith(f"({st.reason})") and ("ortserve.gguf ops" in shown) == st.active
+
+
+def test_an_isa_from_the_config_file_reaches_every_copy_of_the_library(monkeypatch, tmp_path, fresh_status,
+                                                                       library):
+    """A model folder holds its own copy of the library for onnxruntime-genai; each copy reads
+    ORTSERVE_NATIVE_ISA itself, so a value from the config file is passed on through it."""
+    (tmp_path / "ortserve.toml").write_text('native_isa = "scalar"\n', encoding="utf-8")
+    monkeypatch.setenv("ORTSERVE_CONFIG", str(tmp_path / "ortserve.toml"))
+    monkeypatch.delenv("ORTSERVE_NATIVE_ISA", raising=False)
+    monkeypatch.delenv("ORTSERVE_NATIVE", raising=False)
+    lib = native._load(library)
+    best = lib.osg_isa().decode()
+    try:
+        st = native.status()
+        assert st.active and st.isa == "scalar"
+        assert os.environ["ORTSERVE_NATIVE_ISA"] == "scalar"
+    finally:
+        lib.osg_set_isa(b"avx512" if best == "avx512vnni" else best.encode())

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 import shutil
 import sys
 from dataclasses import asdict, dataclass
@@ -70,6 +71,11 @@ def status(enabled: bool | None = None, isa: str | None = None) -> NativeStatus:
 
         settings = load_settings()
         enabled = settings.native if enabled is None else enabled
+        if isa is None and settings.native_isa != "auto":
+            # The library also reads this variable itself, in every copy of it a process loads
+            # (a model folder holds its own for onnxruntime-genai): a value from .env or the
+            # config file reaches them all this way.
+            os.environ.setdefault("ORTSERVE_NATIVE_ISA", settings.native_isa)
         isa = settings.native_isa if isa is None else isa
     return _status(enabled, isa)
 
