@@ -192,8 +192,9 @@ AVX2_INLINE void rows_q45k(int five, int64_t nb, const uint8_t *w, const uint8_t
     for (int64_t i = 0; i < nb; i++, w += bb) {
         const blk_q4_k *b4 = (const blk_q4_k *)w;
         const uint8_t *qs = five ? ((const blk_q5_k *)w)->qs : b4->qs;
-        uint8_t sc[8], mn[8];
-        osg_scales_mins_k4(b4->scales, sc, mn);
+        uint32_t v[4];
+        osg_scales_mins_k4(b4->scales, v);
+        const __m128i scm = _mm_setr_epi32((int)v[0], (int)v[1], (int)v[2], (int)v[3]);
         __m256i qh = five ? _mm256_loadu_si256((const __m256i *)((const blk_q5_k *)w)->qh) : _mm256_setzero_si256();
         __m256i sumi[RMAX];
         _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) sumi[r] = _mm256_setzero_si256();
@@ -205,7 +206,8 @@ AVX2_INLINE void rows_q45k(int five, int64_t nb, const uint8_t *w, const uint8_t
                 lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * j2), one), 4));
                 hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * j2 + 1), one), 4));
             }
-            __m256i slo = _mm256_set1_epi16(sc[2 * j2]), shi = _mm256_set1_epi16(sc[2 * j2 + 1]);
+            __m256i slo = _mm256_set1_epi16((short)_mm_extract_epi8(scm, 2 * j2));
+            __m256i shi = _mm256_set1_epi16((short)_mm_extract_epi8(scm, 2 * j2 + 1));
             _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
                 const int8_t *av = ((const act256 *)(a + r * astride) + i)->qs + 64 * j2;
                 __m256i plo = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)av));
@@ -215,7 +217,7 @@ AVX2_INLINE void rows_q45k(int five, int64_t nb, const uint8_t *w, const uint8_t
         }
         float d = f16(b4->d), dmin = f16(b4->dmin);
         /* minimums against the sums of 16: each minimum twice, as 16 int16 */
-        __m128i m8 = _mm_loadl_epi64((const __m128i *)mn);
+        __m128i m8 = _mm_unpackhi_epi64(scm, scm);
         __m256i m16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
         _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
             const act256 *y = (const act256 *)(a + r * astride) + i;

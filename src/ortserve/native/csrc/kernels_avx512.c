@@ -89,9 +89,10 @@ V512_INLINE void rows_q45k(int five, int64_t nb, const uint8_t *w, const uint8_t
     for (int64_t i = 0; i < nb; i++, w += bb) {
         const blk_q4_k *b4 = (const blk_q4_k *)w;
         const uint8_t *qs = five ? ((const blk_q5_k *)w)->qs : b4->qs;
-        uint8_t sc[8], mn[8];
-        osg_scales_mins_k4(b4->scales, sc, mn);
-        __m512i sc16 = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sc)));
+        uint32_t v[4];
+        osg_scales_mins_k4(b4->scales, v);
+        const __m128i scm = _mm_setr_epi32((int)v[0], (int)v[1], (int)v[2], (int)v[3]);
+        __m512i sc16 = _mm512_castsi128_si512(_mm_cvtepu8_epi16(scm));
         __m512i qh = five ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)((const blk_q5_k *)w)->qh))
                           : _mm512_setzero_si512();
         __m512i sumi[RMAX];
@@ -112,7 +113,7 @@ V512_INLINE void rows_q45k(int five, int64_t nb, const uint8_t *w, const uint8_t
             }
         }
         float d = f16(b4->d), dmin = f16(b4->dmin);
-        __m128i m8 = _mm_loadl_epi64((const __m128i *)mn);
+        __m128i m8 = _mm_unpackhi_epi64(scm, scm);
         __m256i m16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
         _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
             const act256 *y = (const act256 *)(a + r * astride) + i;
