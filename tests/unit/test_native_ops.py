@@ -184,3 +184,16 @@ def test_every_isa_path_through_the_session(library, isa, t):
     (y,) = session(library, matmul_model(t, k, n), 2).run(None, {"X": x, "W": w})
     want, scale = ref.matmul(t, w, x)
     np.testing.assert_array_less(np.abs(y - want), 1e-5 * scale + 1e-6)
+
+
+def test_output_shapes_are_inferred_when_the_session_is_made(library):
+    """ORT knows Y's shape before running (API 17: InferOutputShapeFn): X's dims with N last, or
+    ids' dims and K; a dimension with neither a value nor a name leaves the output unknown."""
+    assert session(library, matmul_model(12, 256, 7, ["batch", "seq", 256]), 1).get_outputs()[0].shape == [
+        "batch", "seq", 7]
+    assert session(library, matmul_model(8, 64, 5, [2, 64]), 1).get_outputs()[0].shape == [2, 5]
+    node = helper.make_node(native.GATHER_OP, ["W", "ids"], ["Y"], domain=native.DOMAIN, ggml_type=12, K=256, V=7)
+    graph = model(node, [helper.make_tensor_value_info("W", TensorProto.UINT8, [7, 144]),
+                         helper.make_tensor_value_info("ids", TensorProto.INT64, ["b", 3])])
+    assert session(library, graph, 1).get_outputs()[0].shape == ["b", 3, 256]
+    assert session(library, matmul_model(12, 256, 7, [None, 3, 256]), 1).get_outputs()[0].shape == []

@@ -21,26 +21,16 @@
 #define OSG_DOMAIN "ortserve.gguf"
 #define OSG_MAX_DIMS 8
 
-/* One process may hold two onnxruntime builds (the Python package's and the one beside
- * onnxruntime-genai), each registering this library with its own API table. A kernel must call
- * back into the runtime that created it, so each registration's tables are remembered and a
- * kernel picks its runtime's by the table its CreateKernelV2 receives. */
+/* One op as registered with one runtime: ORT hands the OrtCustomOp pointer back to every callback,
+ * so the op carries the API table of the runtime that registered it. One process may hold two
+ * onnxruntime builds (the Python package's and the one beside onnxruntime-genai), each calling
+ * RegisterCustomOps with its own table, and a kernel must call back into the runtime that made it. */
 typedef struct {
-  const OrtApi *seen;  /* the table ORT hands to CreateKernelV2 (asked at the op's version) */
-  const OrtApi *best;  /* the newest table the ops use: API 17 (ParallelFor) or API 16 */
-  int parallel;        /* 1 when best has KernelContext_ParallelFor */
-} Runtime;
-
-#define OSG_MAX_RUNTIMES 8
-static Runtime g_runtimes[OSG_MAX_RUNTIMES];
-static int g_runtime_count;
-
-static Runtime runtime_of(const OrtApi *api) {
-  for (int i = 0; i < g_runtime_count; i++)
-    if (g_runtimes[i].seen == api || g_runtimes[i].best == api) return g_runtimes[i];
-  Runtime serial = {api, api, 0}; /* unknown table: only the version-16 entries are safe */
-  return serial;
-}
+  OrtCustomOp op;    /* first member: ORT's pointer to it is a pointer to this */
+  const OrtApi *api; /* the runtime that registered the op */
+  int parallel;      /* 1 when api has KernelContext_ParallelFor and the shape-inference entries */
+  int gather;        /* 0: GgufMatMul, 1: GgufGather */
+} GgufOp;
 
 static OrtStatus *fail(const OrtApi *api, OrtErrorCode code, const char *fmt, ...) {
   char msg[512];
@@ -77,9 +67,9 @@ static OrtStatus *read_attr(const OrtApi *api, const OrtKernelInfo *info, const 
   return fail(api, OSG_ORT_INVALID_ARGUMENT, "%s: missing int attribute '%s'", op, name);
 }
 
-static OrtStatus *create_kernel(int gather, const OrtApi *seen, const OrtKernelInfo *info, void **out) {
-  Runtime rt = runtime_of(seen);
-  const OrtApi *api = rt.best;
+static OrtStatus *create_kernel(const GgufOp *g, const OrtKernelInfo *info, void **out) {
+  const OrtApi *api = g->api;
+  int gather = g->gather;
   const char *op = gather ? "GgufGather" : "GgufMatMul";
   int64_t type, k, rows;
   *out = NULL;
@@ -98,7 +88,7 @@ static OrtStatus *create_kernel(int gather, const OrtApi *seen, const OrtKernelI
   GgufKernel *kernel = (GgufKernel *)calloc(1, sizeof *kernel);
   if (kernel == NULL) return fail(api, OSG_ORT_FAIL, "%s: out of memory", op);
   kernel->api = api;
-  kernel->parallel = rt.parallel;
+  kernel->parallel = g->parallel;
   kernel->gather = gather;
   kernel->type = (int)type;
   kernel->k = k;
@@ -291,16 +281,10 @@ static OrtStatus *gather_compute(const GgufKernel *kn, OrtKernelContext *ctx) {
 
 /* ---- the OrtCustomOp callbacks ---- */
 
-static OrtStatus *OSG_ORT_CALL matmul_create(const OrtCustomOp *op, const OrtApi *api, const OrtKernelInfo *info,
-                                             void **kernel) {
-  (void)op;
-  return create_kernel(0, api, info, kernel);
-}
-
-static OrtStatus *OSG_ORT_CALL gather_create(const OrtCustomOp *op, const OrtApi *api, const OrtKernelInfo *info,
-                                             void **kernel) {
-  (void)op;
-  return create_kernel(1, api, info, kernel);
+static OrtStatus *OSG_ORT_CALL create(const OrtCustomOp *op, const OrtApi *api, const OrtKernelInfo *info,
+                                      void **kernel) {
+  (void)api; /* the registering runtime's own table (op->api) has every entry the ops use */
+  return create_kernel((const GgufOp *)op, info, kernel);
 }
 
 static OrtStatus *OSG_ORT_CALL compute(void *kernel, OrtKernelContext *ctx) {
@@ -345,28 +329,89 @@ static OrtMemType OSG_ORT_CALL default_memory(const OrtCustomOp *op, size_t inde
 static int OSG_ORT_CALL arity_one(const OrtCustomOp *op) { (void)op; return 1; }
 static int OSG_ORT_CALL homogeneous(const OrtCustomOp *op) { (void)op; return 1; }
 
-#define OSG_OP(name_fn, input_type_fn, create_fn)                                                       \
-  {                                                                                                     \
-    OSG_CUSTOM_OP_VERSION, NULL, name_fn, cpu_provider, input_type_fn, two, float_output, one, NULL,    \
-        destroy, required, required, default_memory, arity_one, homogeneous, arity_one, homogeneous,   \
-        create_fn, compute                                                                              \
-  }
+/* ---- shape inference (API 17): Y is X's shape with the last dimension N; GgufGather's output is
+ * ids' shape and K. A dimension ORT knows neither by value nor by name leaves the output unknown. */
 
-static const OrtCustomOp g_matmul_op = OSG_OP(matmul_name, matmul_input_type, matmul_create);
-static const OrtCustomOp g_gather_op = OSG_OP(gather_name, gather_input_type, gather_create);
+static int read_int_attr(const OrtApi *api, const OrtShapeInferContext *ctx, const char *name, int64_t *out) {
+  const OrtOpAttr *attr = NULL;
+  size_t len = 0;
+  OrtStatus *status = api->ShapeInferContext_GetAttribute(ctx, name, &attr);
+  if (status == NULL) status = api->ReadOpAttr(attr, OSG_ATTR_INT, out, sizeof *out, &len);
+  if (status == NULL) return 1;
+  api->ReleaseStatus(status);
+  return 0;
+}
 
-/* What onnxruntime (SessionOptions.register_custom_ops_library) and onnxruntime-genai
- * (session_options.custom_ops_library) call after loading the library. */
-/* Remembers a runtime's tables; the registry is small and written only while sessions are set up. */
-static void remember(const OrtApiBase *api_base, const OrtApi *best, int parallel) {
+static OrtStatus *OSG_ORT_CALL infer_shape(const OrtCustomOp *op, OrtShapeInferContext *ctx) {
+  const GgufOp *g = (const GgufOp *)op;
+  const OrtApi *api = g->api;
+  OrtTensorTypeAndShapeInfo *in = NULL; /* owned by ctx */
+  size_t ndim = 0;
+  int64_t dims[OSG_MAX_DIMS + 1], last = 0;
+  const char *names[OSG_MAX_DIMS + 1];
+  RETURN_IF_ERROR(api->ShapeInferContext_GetInputTypeShape(ctx, g->gather ? 1 : 0, &in));
+  RETURN_IF_ERROR(api->GetDimensionsCount(in, &ndim));
+  if (ndim == 0 || ndim > OSG_MAX_DIMS) return NULL; /* rank unknown (or a scalar): left unknown */
+  RETURN_IF_ERROR(api->GetDimensions(in, dims, ndim));
+  RETURN_IF_ERROR(api->GetSymbolicDimensions(in, names, ndim));
+  for (size_t i = 0; i < ndim; i++)
+    if (dims[i] < 0 && (names[i] == NULL || names[i][0] == '\0')) return NULL;
+  if (!read_int_attr(api, ctx, g->gather ? "K" : "N", &last)) return NULL; /* the kernel will say */
+  size_t out_ndim = g->gather ? ndim + 1 : ndim;
+  dims[out_ndim - 1] = last;
+  names[out_ndim - 1] = "";
+  OrtTensorTypeAndShapeInfo *out = NULL;
+  RETURN_IF_ERROR(api->CreateTensorTypeAndShapeInfo(&out));
+  OrtStatus *status = api->SetTensorElementType(out, OSG_TENSOR_FLOAT);
+  if (status == NULL) status = api->SetDimensions(out, dims, out_ndim);
+  if (status == NULL) status = api->SetSymbolicDimensions(out, names, out_ndim);
+  if (status == NULL) status = api->ShapeInferContext_SetOutputTypeShape(ctx, 0, out);
+  api->ReleaseTensorTypeAndShapeInfo(out);
+  return status;
+}
+
+/* ---- registration ---- */
+
+static GgufOp op_for(const OrtApi *api, int parallel, int gather) {
+  GgufOp g = {
+      {
+          parallel ? OSG_CUSTOM_OP_VERSION_SHAPES : OSG_CUSTOM_OP_VERSION,
+          NULL, gather ? gather_name : matmul_name, cpu_provider,
+          gather ? gather_input_type : matmul_input_type, two, float_output, one,
+          NULL, destroy, required, required, default_memory,
+          arity_one, homogeneous, arity_one, homogeneous,
+          create, compute, parallel ? infer_shape : NULL,
+          NULL, NULL, /* GetStartVersion, GetEndVersion: opset 1 onwards */
+      },
+      api, parallel, gather};
+  return g;
+}
+
+/* Each runtime's two ops; they must outlive every session, so they live as long as the library. */
+#define OSG_MAX_RUNTIMES 8
+static struct {
+  const OrtApi *api;
+  GgufOp matmul, gather;
+} g_runtimes[OSG_MAX_RUNTIMES];
+static int g_runtime_count;
+
+static int runtime_index(const OrtApi *api, int parallel) {
   static volatile int lock;
-  Runtime rt = {api_base->GetApi(OSG_CUSTOM_OP_VERSION), best, parallel};
+  int found = -1;
   while (__sync_lock_test_and_set(&lock, 1)) {
   }
-  int known = 0;
-  for (int i = 0; i < g_runtime_count; i++) known |= g_runtimes[i].best == best;
-  if (!known && g_runtime_count < OSG_MAX_RUNTIMES) g_runtimes[g_runtime_count++] = rt;
+  for (int i = 0; i < g_runtime_count && found < 0; i++)
+    if (g_runtimes[i].api == api) found = i;
+  if (found < 0 && g_runtime_count < OSG_MAX_RUNTIMES) {
+    found = g_runtime_count;
+    g_runtimes[found].api = api;
+    g_runtimes[found].matmul = op_for(api, parallel, 0);
+    g_runtimes[found].gather = op_for(api, parallel, 1);
+    __sync_synchronize();
+    g_runtime_count++;
+  }
   __sync_lock_release(&lock);
+  return found;
 }
 
 /* What onnxruntime (SessionOptions.register_custom_ops_library) and onnxruntime-genai
@@ -384,11 +429,13 @@ OSG_EXPORT OrtStatus *OSG_ORT_CALL RegisterCustomOps(OrtSessionOptions *options,
     return oldest->CreateStatus(OSG_ORT_NOT_IMPLEMENTED,
                                 "ortserve.gguf ops need onnxruntime >= 1.16 (C API version 16)");
   }
-  remember(api_base, api, parallel);
+  int rt = runtime_index(api, parallel);
+  if (rt < 0) return fail(api, OSG_ORT_FAIL, "ortserve.gguf: more than %d onnxruntime builds in one process",
+                          OSG_MAX_RUNTIMES);
   OrtCustomOpDomain *domain = NULL;
   RETURN_IF_ERROR(api->CreateCustomOpDomain(OSG_DOMAIN, &domain));
-  RETURN_IF_ERROR(api->CustomOpDomain_Add(domain, &g_matmul_op));
-  RETURN_IF_ERROR(api->CustomOpDomain_Add(domain, &g_gather_op));
+  RETURN_IF_ERROR(api->CustomOpDomain_Add(domain, &g_runtimes[rt].matmul.op));
+  RETURN_IF_ERROR(api->CustomOpDomain_Add(domain, &g_runtimes[rt].gather.op));
   /* The domain must outlive every session made from these options, and ORT gives no hook for
    * when the last one ends: it is kept for the life of the process (a few dozen bytes). */
   return api->AddCustomOpDomain(options, domain);

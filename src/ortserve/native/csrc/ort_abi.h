@@ -10,8 +10,8 @@
  *
  * OrtCustomOp is the struct a library fills to describe one op: a version field, then callbacks
  * in a fixed order. ORT reads a callback only when the struct's version is at least the version
- * that added it, so the ops set version 16 (the one with CreateKernelV2 / KernelComputeV2) and
- * fill nothing after those two.
+ * that added it: the ops set version 17 (InferOutputShapeFn) on runtimes with API 17, else 16 (the
+ * one with CreateKernelV2 / KernelComputeV2), and fill nothing later.
  */
 #ifndef ORTSERVE_ORT_ABI_H
 #define ORTSERVE_ORT_ABI_H
@@ -41,6 +41,7 @@ typedef struct OrtValue OrtValue;
 typedef struct OrtTensorTypeAndShapeInfo OrtTensorTypeAndShapeInfo;
 typedef struct OrtShapeInferContext OrtShapeInferContext;
 typedef struct OrtCustomOp OrtCustomOp;
+typedef struct OrtOpAttr OrtOpAttr;
 
 /* Values of the enums the ops pass or compare (same numbers as ONNX's TensorProto.DataType). */
 typedef enum {
@@ -61,12 +62,17 @@ typedef enum { OSG_IO_REQUIRED = 0, OSG_IO_OPTIONAL = 1, OSG_IO_VARIADIC = 2 } O
 
 typedef enum { OSG_MEM_DEFAULT = 0 } OrtMemType;
 
+typedef enum { OSG_ATTR_INT = 1 } OrtOpAttrType;
+
 /* The API versions the ops ask for: 17 added KernelContext_ParallelFor (onnxruntime 1.17);
  * 16 added CreateKernelV2 / KernelComputeV2 (onnxruntime 1.16), the least the ops can run on
  * (serially). */
 #define OSG_ORT_API_PARALLEL 17
 #define OSG_ORT_API_MIN 16
 #define OSG_CUSTOM_OP_VERSION 16
+/* With API 17 the ops also infer their output shapes: OrtCustomOp version 17 has InferOutputShapeFn
+ * (and GetStartVersion / GetEndVersion, left NULL: ORT then registers the op from opset 1). */
+#define OSG_CUSTOM_OP_VERSION_SHAPES 17
 
 typedef struct OrtApi OrtApi;
 
@@ -85,13 +91,17 @@ struct OrtApi {
   OrtStatus *(OSG_ORT_CALL *AddCustomOpDomain)(OrtSessionOptions *options, OrtCustomOpDomain *domain);
   void *slots_29_50[22];
   OrtStatus *(OSG_ORT_CALL *GetTensorMutableData)(OrtValue *value, void **out); /* 51 */
-  void *slots_52_59[8];
+  void *slots_52_56[5];
+  OrtStatus *(OSG_ORT_CALL *CreateTensorTypeAndShapeInfo)(OrtTensorTypeAndShapeInfo **out); /* 57 */
+  OrtStatus *(OSG_ORT_CALL *SetTensorElementType)(OrtTensorTypeAndShapeInfo *info, ONNXTensorElementDataType type);
+  OrtStatus *(OSG_ORT_CALL *SetDimensions)(OrtTensorTypeAndShapeInfo *info, const int64_t *dims, size_t dims_len);
   OrtStatus *(OSG_ORT_CALL *GetTensorElementType)(const OrtTensorTypeAndShapeInfo *info,
                                                    ONNXTensorElementDataType *out); /* 60 */
   OrtStatus *(OSG_ORT_CALL *GetDimensionsCount)(const OrtTensorTypeAndShapeInfo *info, size_t *out);
   OrtStatus *(OSG_ORT_CALL *GetDimensions)(const OrtTensorTypeAndShapeInfo *info, int64_t *dims,
                                             size_t dims_len);
-  void *slot_63;
+  OrtStatus *(OSG_ORT_CALL *GetSymbolicDimensions)(const OrtTensorTypeAndShapeInfo *info, const char *names[],
+                                                    size_t names_len); /* 63 */
   OrtStatus *(OSG_ORT_CALL *GetTensorShapeElementCount)(const OrtTensorTypeAndShapeInfo *info, size_t *out);
   OrtStatus *(OSG_ORT_CALL *GetTensorTypeAndShape)(const OrtValue *value, OrtTensorTypeAndShapeInfo **out);
   void *slots_66_85[20];
@@ -108,7 +118,19 @@ struct OrtApi {
   void(OSG_ORT_CALL *ReleaseStatus)(OrtStatus *status); /* 93 */
   void *slots_94_98[5];
   void(OSG_ORT_CALL *ReleaseTensorTypeAndShapeInfo)(OrtTensorTypeAndShapeInfo *info); /* 99 */
-  void *slots_100_273[174];
+  void *slots_100_266[167];
+  OrtStatus *(OSG_ORT_CALL *ShapeInferContext_GetInputCount)(const OrtShapeInferContext *ctx, size_t *out); /* 267 */
+  OrtStatus *(OSG_ORT_CALL *ShapeInferContext_GetInputTypeShape)(const OrtShapeInferContext *ctx, size_t index,
+                                                                  OrtTensorTypeAndShapeInfo **info);
+  OrtStatus *(OSG_ORT_CALL *ShapeInferContext_GetAttribute)(const OrtShapeInferContext *ctx, const char *name,
+                                                             const OrtOpAttr **attr);
+  OrtStatus *(OSG_ORT_CALL *ShapeInferContext_SetOutputTypeShape)(const OrtShapeInferContext *ctx, size_t index,
+                                                                   const OrtTensorTypeAndShapeInfo *info);
+  OrtStatus *(OSG_ORT_CALL *SetSymbolicDimensions)(OrtTensorTypeAndShapeInfo *info, const char *names[],
+                                                    size_t names_len); /* 271 */
+  OrtStatus *(OSG_ORT_CALL *ReadOpAttr)(const OrtOpAttr *attr, OrtOpAttrType type, void *data, size_t len,
+                                         size_t *out); /* 272 */
+  void *slot_273;
   OrtStatus *(OSG_ORT_CALL *KernelContext_ParallelFor)(const OrtKernelContext *ctx, void (*fn)(void *, size_t),
                                                         size_t total, size_t num_batch, void *user); /* 274 */
 };
@@ -137,8 +159,12 @@ struct OrtCustomOp {
   OrtStatus *(OSG_ORT_CALL *CreateKernelV2)(const struct OrtCustomOp *op, const OrtApi *api,
                                             const OrtKernelInfo *info, void **kernel);
   OrtStatus *(OSG_ORT_CALL *KernelComputeV2)(void *kernel, OrtKernelContext *ctx);
-  /* Later versions append InferOutputShapeFn, GetStartVersion, GetEndVersion, GetMayInplace,
-   * ReleaseMayInplace, GetAliasMap, ReleaseAliasMap: never read at version 16. */
+  /* version 17 */
+  OrtStatus *(OSG_ORT_CALL *InferOutputShapeFn)(const struct OrtCustomOp *op, OrtShapeInferContext *ctx);
+  int(OSG_ORT_CALL *GetStartVersion)(const struct OrtCustomOp *op);
+  int(OSG_ORT_CALL *GetEndVersion)(const struct OrtCustomOp *op);
+  /* Later versions append GetMayInplace, ReleaseMayInplace (18), GetAliasMap, ReleaseAliasMap:
+   * never read at version 17. */
 };
 
 #define OSG_SLOT(field, index) \
@@ -149,9 +175,13 @@ OSG_SLOT(CreateCustomOpDomain, 26);
 OSG_SLOT(CustomOpDomain_Add, 27);
 OSG_SLOT(AddCustomOpDomain, 28);
 OSG_SLOT(GetTensorMutableData, 51);
+OSG_SLOT(CreateTensorTypeAndShapeInfo, 57);
+OSG_SLOT(SetTensorElementType, 58);
+OSG_SLOT(SetDimensions, 59);
 OSG_SLOT(GetTensorElementType, 60);
 OSG_SLOT(GetDimensionsCount, 61);
 OSG_SLOT(GetDimensions, 62);
+OSG_SLOT(GetSymbolicDimensions, 63);
 OSG_SLOT(GetTensorShapeElementCount, 64);
 OSG_SLOT(GetTensorTypeAndShape, 65);
 OSG_SLOT(KernelInfoGetAttribute_int64, 86);
@@ -161,6 +191,12 @@ OSG_SLOT(KernelContext_GetInput, 90);
 OSG_SLOT(KernelContext_GetOutput, 91);
 OSG_SLOT(ReleaseStatus, 93);
 OSG_SLOT(ReleaseTensorTypeAndShapeInfo, 99);
+OSG_SLOT(ShapeInferContext_GetInputCount, 267);
+OSG_SLOT(ShapeInferContext_GetInputTypeShape, 268);
+OSG_SLOT(ShapeInferContext_GetAttribute, 269);
+OSG_SLOT(ShapeInferContext_SetOutputTypeShape, 270);
+OSG_SLOT(SetSymbolicDimensions, 271);
+OSG_SLOT(ReadOpAttr, 272);
 OSG_SLOT(KernelContext_ParallelFor, 274);
 #undef OSG_SLOT
 
