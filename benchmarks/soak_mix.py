@@ -20,7 +20,11 @@ valid), an error event in a stream, a transport error, or a reply that does not 
 should. RSS (``/proc``/psutil of the server process) every ``--sample-every`` seconds; drift is
 from the first sample after ``--warmup`` to the end, and from the peak of the first 10 minutes
 after the warm-up to the peak of everything after (a dip while idle does not count as drift).
-The server runs in a throw-away ``ORTSERVE_HOME`` (the embedding models copied in).
+The server runs in a throw-away ``ORTSERVE_HOME`` (the embedding models copied in) with a fixed
+KV budget (``--kv-cache-mb``, default 512): the prefix cache keeps finished conversations' KV
+inside that budget, so under the auto budget (half the free memory, several GB here) RSS grows
+for as long as there is room, by design, and a drift figure would measure the cache filling.
+The prefix cache's bytes are sampled with RSS (from ``/metrics``).
 """
 
 from __future__ import annotations
@@ -225,16 +229,24 @@ async def run(url: str, pid: int, args: argparse.Namespace) -> dict[str, Any]:
     proc = psutil.Process(pid)
     samples: list[tuple[float, float]] = []
 
-    async def sampler() -> None:
+    cache: list[float] = []            # the prefix cache's KV bytes (MB) at each sample, from /metrics
+
+    async def sampler(c: httpx.AsyncClient) -> None:
         while mix.alive():
             samples.append((time.monotonic() - mix.t0, proc.memory_info().rss / 2**20))
+            try:
+                text = (await c.get(f"{url}/metrics")).text
+                cache.append(next(float(line.split()[1]) for line in text.splitlines()
+                                  if line.startswith("ortserve_prefix_cache_bytes ")) / 2**20)
+            except (httpx.HTTPError, StopIteration):
+                cache.append(-1.0)
             await asyncio.sleep(args.sample_every)
 
     n = args.scale
     plan = {mix.agent: 3 * n, mix.chat: n, mix.cancel: n, mix.tools: n, mix.embed: n, mix.rag: n, mix.responses: n}
     limits = httpx.Limits(max_connections=64, keepalive_expiry=2.0)   # see soak.py: idle closes at 5 s
     async with httpx.AsyncClient(timeout=args.request_timeout, limits=limits) as c:
-        await asyncio.gather(sampler(), *(fn(c) for fn, k in plan.items() for _ in range(k)))
+        await asyncio.gather(sampler(c), *(fn(c) for fn, k in plan.items() for _ in range(k)))
         await asyncio.sleep(5)
         h = (await c.get(f"{url}/healthz")).json()
     samples.append((time.monotonic() - mix.t0, proc.memory_info().rss / 2**20))
@@ -246,7 +258,7 @@ async def run(url: str, pid: int, args: argparse.Namespace) -> dict[str, Any]:
     for key, v in mix.status.items():
         by_status[key.rsplit(" ", 1)[1]] += v
     return {
-        "minutes": args.minutes, "scale": n, "max_tokens": args.max_tokens, "warmup_s": args.warmup,
+        "minutes": args.minutes, "scale": n, "kv_cache_mb": args.kv_cache_mb, "max_tokens": args.max_tokens, "warmup_s": args.warmup,
         "requests": sum(mix.status.values()), "by_status": dict(sorted(by_status.items())),
         "by_route": dict(sorted(mix.status.items())), "work_done": dict(mix.done),
         "errors": len(mix.errors), "error_samples": mix.errors[:20],
@@ -257,7 +269,9 @@ async def run(url: str, pid: int, args: argparse.Namespace) -> dict[str, Any]:
         "peak_first_10_min_after_warmup_mb": round(max(first), 1) if first else None,
         "peak_after_mb": round(max(rest), 1) if rest else None,
         "peak_drift_pct": round(100 * (max(rest) - max(first)) / max(first), 2) if rest and first else None,
+        "prefix_cache_mb_at_warmup_and_end": [round(cache[len(samples) - len(warm)], 1), round(cache[-1], 1)],
         "samples": [(round(t), round(m, 1)) for t, m in samples],
+        "prefix_cache_mb": [round(m, 1) for m in cache],
     }
 
 
@@ -290,6 +304,9 @@ def main() -> None:
     ap.add_argument("--sample-every", type=float, default=10)
     ap.add_argument("--warmup", type=float, default=300, help="seconds before drift is measured")
     ap.add_argument("--request-timeout", type=float, default=300)
+    ap.add_argument("--kv-cache-mb", type=int, default=512,
+                    help="the server's KV budget, prefix cache included (0: the auto budget, half the free "
+                         "memory: the prefix cache then fills it for as long as the soak runs)")
     ap.add_argument("--seed", type=int, default=45)
     ap.add_argument("--port", type=int, default=8791)
     ap.add_argument("--plot", type=Path, default=None)
@@ -299,7 +316,8 @@ def main() -> None:
     home = Path(tempfile.mkdtemp(prefix="soak-mix-home-"))
     for variant in path.parent.glob("all-minilm-l6-v2--*"):
         shutil.copytree(variant, home / "models" / variant.name)
-    env = {**os.environ, "ORTSERVE_HOME": str(home), "ORTSERVE_LOG_LEVEL": "warning"}
+    env = {**os.environ, "ORTSERVE_HOME": str(home), "ORTSERVE_LOG_LEVEL": "warning",
+           "ORTSERVE_KV_CACHE_MB": str(args.kv_cache_mb)}
     env.pop("ORTSERVE_API_KEY", None)
     server = subprocess.Popen([sys.executable, "-m", "ortserve.cli.main", "serve", "--model", str(path),
                                "--port", str(args.port)], env=env)
