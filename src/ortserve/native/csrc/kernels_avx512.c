@@ -27,9 +27,10 @@ V512_INLINE float hsum256(__m256 v) {
 }
 
 V512_INLINE __m256i nibbles32(const uint8_t *qs) {
-    __m128i q = _mm_loadu_si128((const __m128i *)qs);
-    __m128i m = _mm_set1_epi8(0x0F);
-    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m), _mm_and_si128(q, m));
+    /* the 16 bytes in both halves; the high half shifted right by 4 (64-bit lanes: the bits that cross
+     * into a byte from its neighbour are masked off) */
+    __m256i q = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs));
+    return _mm256_and_si256(_mm256_srlv_epi64(q, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(0x0F));
 }
 
 /* 32 bits -> 32 bytes, 0x10 where bit j is set (a mask register makes this one instruction) */
@@ -41,35 +42,50 @@ V512_INLINE __m256i fifth_bits(const uint8_t *qh4) {
 
 /* ---------------- the 32-families: kind 0 Q4_0, 1 Q4_1, 2 Q5_0, 3 Q5_1, 4 Q8_0 ---------------- */
 
+/* One block against R activation rows, into one of two sets of accumulators: consecutive blocks
+ * alternate sets so that the fmadd chains of two blocks overlap (one chain would wait its latency). */
+V512_INLINE void block32(int kind, const uint8_t *w, const uint8_t *a, size_t astride, int R, int64_t i,
+                         __m256 *acc, float *accm) {
+    const int unsig = kind == 1 || kind == 3;
+    __m256i q;
+    float d = f16(*(const uint16_t *)w), m = 0.0f;
+    switch (kind) {
+    case 0: q = _mm256_sub_epi8(nibbles32(w + 2), _mm256_set1_epi8(8)); break;
+    case 1: q = nibbles32(w + 4); m = f16(*(const uint16_t *)(w + 2)); break;
+    case 2: q = _mm256_sub_epi8(_mm256_or_si256(nibbles32(w + 6), fifth_bits(w + 2)), _mm256_set1_epi8(16)); break;
+    case 3: q = _mm256_or_si256(nibbles32(w + 8), fifth_bits(w + 4)); m = f16(*(const uint16_t *)(w + 2)); break;
+    default: q = _mm256_loadu_si256((const __m256i *)(w + 2)); break;
+    }
+    /* signed weights: |w| against a with w's sign (|-128| = 128 is a valid u8) */
+    __m256i qu = unsig ? q : _mm256_abs_epi8(q);
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+        const act32 *y = (const act32 *)(a + r * astride) + i;
+        __m256i av = _mm256_loadu_si256((const __m256i *)y->qs);
+        if (!unsig) av = _mm256_sign_epi8(av, q);
+        __m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), qu, av);
+        acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * y->d), _mm256_cvtepi32_ps(s), acc[r]);
+        if (unsig) accm[r] += (m * y->d) * (float)y->sum;
+    }
+}
+
 V512_INLINE void rows32(int kind, int64_t nb, const uint8_t *w, const uint8_t *a, size_t astride, int R,
                         float *out, int64_t ostride) {
     static const int bytes[5] = {18, 20, 22, 24, 34};
-    const int unsig = kind == 1 || kind == 3;
-    __m256 acc[RMAX];
-    float accm[RMAX];
-    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) { acc[r] = _mm256_setzero_ps(); accm[r] = 0.0f; }
-    for (int64_t i = 0; i < nb; i++, w += bytes[kind]) {
-        __m256i q;
-        float d = f16(*(const uint16_t *)w), m = 0.0f;
-        switch (kind) {
-        case 0: q = _mm256_sub_epi8(nibbles32(w + 2), _mm256_set1_epi8(8)); break;
-        case 1: q = nibbles32(w + 4); m = f16(*(const uint16_t *)(w + 2)); break;
-        case 2: q = _mm256_sub_epi8(_mm256_or_si256(nibbles32(w + 6), fifth_bits(w + 2)), _mm256_set1_epi8(16)); break;
-        case 3: q = _mm256_or_si256(nibbles32(w + 8), fifth_bits(w + 4)); m = f16(*(const uint16_t *)(w + 2)); break;
-        default: q = _mm256_loadu_si256((const __m256i *)(w + 2)); break;
-        }
-        /* signed weights: |w| against a with w's sign (|-128| = 128 is a valid u8) */
-        __m256i qu = unsig ? q : _mm256_abs_epi8(q);
-        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
-            const act32 *y = (const act32 *)(a + r * astride) + i;
-            __m256i av = _mm256_loadu_si256((const __m256i *)y->qs);
-            if (!unsig) av = _mm256_sign_epi8(av, q);
-            __m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), qu, av);
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * y->d), _mm256_cvtepi32_ps(s), acc[r]);
-            if (unsig) accm[r] += (m * y->d) * (float)y->sum;
-        }
+    const int bb = bytes[kind];
+    __m256 acc0[RMAX], acc1[RMAX];
+    float accm0[RMAX], accm1[RMAX];
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+        acc0[r] = acc1[r] = _mm256_setzero_ps();
+        accm0[r] = accm1[r] = 0.0f;
     }
-    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) out[r * ostride] = hsum256(acc[r]) + accm[r];
+    int64_t i = 0;
+    for (; i + 2 <= nb; i += 2, w += 2 * bb) {
+        block32(kind, w, a, astride, R, i, acc0, accm0);
+        block32(kind, w + bb, a, astride, R, i + 1, acc1, accm1);
+    }
+    if (i < nb) block32(kind, w, a, astride, R, i, acc0, accm0);
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+        out[r * ostride] = hsum256(_mm256_add_ps(acc0[r], acc1[r])) + (accm0[r] + accm1[r]);
 }
 
 /* ---------------- K-quants ---------------- */
