@@ -7,7 +7,9 @@ Running them through ONNX Runtime is also what checks the project's own ABI head
 
 from __future__ import annotations
 
+import ctypes
 import sys
+from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
@@ -197,3 +199,64 @@ def test_output_shapes_are_inferred_when_the_session_is_made(library):
                          helper.make_tensor_value_info("ids", TensorProto.INT64, ["b", 3])])
     assert session(library, graph, 1).get_outputs()[0].shape == ["b", 3, 256]
     assert session(library, matmul_model(12, 256, 7, [None, 3, 256]), 1).get_outputs()[0].shape == []
+
+
+def _c_api(path: Path):
+    """A second onnxruntime in this process: the C library beside the Python package (the one
+    onnxruntime-genai loads), driven through its C API table by ctypes."""
+    ort_c = ctypes.CDLL(str(path))
+    ort_c.OrtGetApiBase.restype = ctypes.POINTER(ctypes.c_void_p)
+    get_api = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_uint32)(ort_c.OrtGetApiBase()[0])
+    table = ctypes.cast(get_api(17), ctypes.POINTER(ctypes.c_void_p))
+    vp = ctypes.c_void_p
+    message = ctypes.CFUNCTYPE(ctypes.c_char_p, vp)(table[2])
+
+    def call(index: int, *args):
+        status = ctypes.CFUNCTYPE(vp, *[type(a) if isinstance(a, ctypes._SimpleCData) else vp for a in args])(
+            table[index])(*args)
+        if status:
+            raise RuntimeError(message(status).decode())
+
+    def release(index: int, obj) -> None:
+        ctypes.CFUNCTYPE(None, vp)(table[index])(obj)
+
+    return ort_c, call, release
+
+
+def test_a_second_onnxruntime_in_the_process_runs_the_same_library(library):
+    """onnxruntime-genai's runtime registers the library beside the Python package's (a model's
+    logit check and its serving share a process): each runtime's kernels call back into their own."""
+    capi = Path(ort.__file__).parent / "capi"
+    found = sorted(capi.glob("libonnxruntime.so*"))
+    if not found:
+        pytest.skip("no libonnxruntime.so beside the onnxruntime package")
+    keep, call, release = _c_api(found[0])
+    t, k, n, m = 12, 512, 37, 3
+    rng = np.random.default_rng(11)
+    w, x = random_weights(t, n, k, rng), rng.standard_normal((m, k)).astype(np.float32)
+    env, so, sess, mem, vx, vw = (ctypes.c_void_p() for _ in range(6))
+    out = (ctypes.c_void_p * 1)()
+    graph = matmul_model(t, k, n)
+    call(3, ctypes.c_int(3), ctypes.c_char_p(b"t"), ctypes.byref(env))                # CreateEnv
+    call(10, ctypes.byref(so))                                                          # CreateSessionOptions
+    call(24, so, ctypes.c_int(2))                                                       # SetIntraOpNumThreads
+    call(228, so, ctypes.c_char_p(str(library).encode()))                              # RegisterCustomOpsLibrary_V2
+    call(8, env, ctypes.c_char_p(graph), ctypes.c_size_t(len(graph)), so, ctypes.byref(sess))  # FromArray
+    call(69, ctypes.c_int(0), ctypes.c_int(0), ctypes.byref(mem))                       # CreateCpuMemoryInfo
+    xs, ws = (ctypes.c_int64 * 2)(m, k), (ctypes.c_int64 * 2)(*w.shape)
+    call(49, mem, ctypes.c_void_p(x.ctypes.data), ctypes.c_size_t(x.nbytes), xs, ctypes.c_size_t(2),
+         ctypes.c_int(1), ctypes.byref(vx))                                             # CreateTensorWithData...
+    call(49, mem, ctypes.c_void_p(w.ctypes.data), ctypes.c_size_t(w.nbytes), ws, ctypes.c_size_t(2),
+         ctypes.c_int(2), ctypes.byref(vw))
+    names, values, outs = (ctypes.c_char_p * 2)(b"X", b"W"), (ctypes.c_void_p * 2)(vx, vw), (ctypes.c_char_p * 1)(b"Y")
+    call(9, sess, None, names, values, ctypes.c_size_t(2), outs, ctypes.c_size_t(1), out)  # Run
+    data = ctypes.c_void_p()
+    call(51, ctypes.c_void_p(out[0]), ctypes.byref(data))                               # GetTensorMutableData
+    y = np.ctypeslib.as_array(ctypes.cast(data, ctypes.POINTER(ctypes.c_float)), (m, n)).copy()
+    for index, obj in ((96, out[0]), (96, vx), (96, vw), (94, mem), (95, sess), (100, so), (92, env)):
+        release(index, ctypes.c_void_p(obj) if isinstance(obj, int) else obj)
+    want, scale = ref.matmul(t, w, x)
+    np.testing.assert_array_less(np.abs(y - want), 1e-5 * scale + 1e-6)
+    (again,) = session(library, graph, 2).run(None, {"X": x, "W": w})  # the Python package's runtime
+    np.testing.assert_array_less(np.abs(again - want), 1e-5 * scale + 1e-6)
+    del keep

@@ -1,4 +1,5 @@
-/* ONNX Runtime custom ops over the GGUF block kernels of kernels.h (docs/native.md).
+/* ONNX Runtime custom ops over the GGUF block kernels of kernels.h (docs/native.md): the kernels'
+ * state and compute. ops_schema.c describes the ops to ONNX Runtime and registers them.
  *
  * Domain "ortserve.gguf", version 1:
  *   GgufMatMul(X float [..., K], W uint8 [N, row_bytes]) -> Y float [..., N] = X @ dequant(W)^T
@@ -16,23 +17,9 @@
 #include <string.h>
 
 #include "kernels.h"
-#include "ort_abi.h"
+#include "ops_internal.h"
 
-#define OSG_DOMAIN "ortserve.gguf"
-#define OSG_MAX_DIMS 8
-
-/* One op as registered with one runtime: ORT hands the OrtCustomOp pointer back to every callback,
- * so the op carries the API table of the runtime that registered it. One process may hold two
- * onnxruntime builds (the Python package's and the one beside onnxruntime-genai), each calling
- * RegisterCustomOps with its own table, and a kernel must call back into the runtime that made it. */
-typedef struct {
-  OrtCustomOp op;    /* first member: ORT's pointer to it is a pointer to this */
-  const OrtApi *api; /* the runtime that registered the op */
-  int parallel;      /* 1 when api has KernelContext_ParallelFor and the shape-inference entries */
-  int gather;        /* 0: GgufMatMul, 1: GgufGather */
-} GgufOp;
-
-static OrtStatus *fail(const OrtApi *api, OrtErrorCode code, const char *fmt, ...) {
+OrtStatus *osg_fail(const OrtApi *api, OrtErrorCode code, const char *fmt, ...) {
   char msg[512];
   va_list args;
   va_start(args, fmt);
@@ -40,12 +27,6 @@ static OrtStatus *fail(const OrtApi *api, OrtErrorCode code, const char *fmt, ..
   va_end(args);
   return api->CreateStatus(code, msg);
 }
-
-#define RETURN_IF_ERROR(expr)        \
-  do {                               \
-    OrtStatus *status_ = (expr);     \
-    if (status_ != NULL) return status_; \
-  } while (0)
 
 /* ---- the kernel state: the op's attributes, checked once when the session builds it ---- */
 
@@ -64,7 +45,7 @@ static OrtStatus *read_attr(const OrtApi *api, const OrtKernelInfo *info, const 
   OrtStatus *status = api->KernelInfoGetAttribute_int64(info, name, out);
   if (status == NULL) return NULL;
   api->ReleaseStatus(status);
-  return fail(api, OSG_ORT_INVALID_ARGUMENT, "%s: missing int attribute '%s'", op, name);
+  return osg_fail(api, OSG_ORT_INVALID_ARGUMENT, "%s: missing int attribute '%s'", op, name);
 }
 
 static OrtStatus *create_kernel(const GgufOp *g, const OrtKernelInfo *info, void **out) {
@@ -77,16 +58,16 @@ static OrtStatus *create_kernel(const GgufOp *g, const OrtKernelInfo *info, void
   RETURN_IF_ERROR(read_attr(api, info, op, "K", &k));
   RETURN_IF_ERROR(read_attr(api, info, op, gather ? "V" : "N", &rows));
   if (type < 0 || type > 1000 || !osg_supported((int)type))
-    return fail(api, OSG_ORT_NOT_IMPLEMENTED, "%s: ggml type %lld is not supported", op, (long long)type);
+    return osg_fail(api, OSG_ORT_NOT_IMPLEMENTED, "%s: ggml type %lld is not supported", op, (long long)type);
   int64_t block = osg_block_elems((int)type);
   if (k <= 0 || block <= 0 || k % block != 0)
-    return fail(api, OSG_ORT_INVALID_ARGUMENT, "%s: K=%lld is not a positive multiple of %lld (ggml type %lld)",
+    return osg_fail(api, OSG_ORT_INVALID_ARGUMENT, "%s: K=%lld is not a positive multiple of %lld (ggml type %lld)",
                 op, (long long)k, (long long)block, (long long)type);
   if (rows <= 0)
-    return fail(api, OSG_ORT_INVALID_ARGUMENT, "%s: %s=%lld must be positive", op, gather ? "V" : "N",
+    return osg_fail(api, OSG_ORT_INVALID_ARGUMENT, "%s: %s=%lld must be positive", op, gather ? "V" : "N",
                 (long long)rows);
   GgufKernel *kernel = (GgufKernel *)calloc(1, sizeof *kernel);
-  if (kernel == NULL) return fail(api, OSG_ORT_FAIL, "%s: out of memory", op);
+  if (kernel == NULL) return osg_fail(api, OSG_ORT_FAIL, "%s: out of memory", op);
   kernel->api = api;
   kernel->parallel = g->parallel;
   kernel->gather = gather;
@@ -115,7 +96,7 @@ static OrtStatus *describe(const OrtApi *api, const OrtValue *value, const char 
   OrtStatus *status = api->GetTensorElementType(info, &t->type);
   if (status == NULL) status = api->GetDimensionsCount(info, &t->ndim);
   if (status == NULL && t->ndim > OSG_MAX_DIMS)
-    status = fail(api, OSG_ORT_INVALID_ARGUMENT, "%s: %s has %zu dimensions (at most %d)", op, name, t->ndim,
+    status = osg_fail(api, OSG_ORT_INVALID_ARGUMENT, "%s: %s has %zu dimensions (at most %d)", op, name, t->ndim,
                   OSG_MAX_DIMS);
   if (status == NULL) status = api->GetDimensions(info, t->dims, t->ndim);
   api->ReleaseTensorTypeAndShapeInfo(info);
@@ -125,7 +106,7 @@ static OrtStatus *describe(const OrtApi *api, const OrtValue *value, const char 
 static OrtStatus *input(const OrtApi *api, OrtKernelContext *ctx, size_t index, const char *op, const char *name, Tensor *t) {
   const OrtValue *value = NULL;
   RETURN_IF_ERROR(api->KernelContext_GetInput(ctx, index, &value));
-  if (value == NULL) return fail(api, OSG_ORT_INVALID_ARGUMENT, "%s: input %s is missing", op, name);
+  if (value == NULL) return osg_fail(api, OSG_ORT_INVALID_ARGUMENT, "%s: input %s is missing", op, name);
   return describe(api, value, op, name, t);
 }
 
@@ -194,11 +175,11 @@ static OrtStatus *matmul_compute(const GgufKernel *kn, OrtKernelContext *ctx) {
   RETURN_IF_ERROR(input(api, ctx, 0, op, "X", &x));
   RETURN_IF_ERROR(input(api, ctx, 1, op, "W", &w));
   if (x.type != OSG_TENSOR_FLOAT || w.type != OSG_TENSOR_UINT8)
-    return fail(api, OSG_ORT_INVALID_ARGUMENT, "%s: X must be float and W uint8", op);
+    return osg_fail(api, OSG_ORT_INVALID_ARGUMENT, "%s: X must be float and W uint8", op);
   if (x.ndim < 1 || x.dims[x.ndim - 1] != kn->k)
-    return fail(api, OSG_ORT_INVALID_ARGUMENT, "%s: X's last dimension must be K=%lld", op, (long long)kn->k);
+    return osg_fail(api, OSG_ORT_INVALID_ARGUMENT, "%s: X's last dimension must be K=%lld", op, (long long)kn->k);
   if (w.ndim != 2 || w.dims[0] != kn->rows || w.dims[1] != (int64_t)kn->row_bytes)
-    return fail(api, OSG_ORT_INVALID_ARGUMENT, "%s: W must be [N=%lld, %zu] (ggml type %d, K=%lld)", op,
+    return osg_fail(api, OSG_ORT_INVALID_ARGUMENT, "%s: W must be [N=%lld, %zu] (ggml type %d, K=%lld)", op,
                 (long long)kn->rows, kn->row_bytes, kn->type, (long long)kn->k);
   int64_t dims[OSG_MAX_DIMS];
   memcpy(dims, x.dims, x.ndim * sizeof dims[0]);
@@ -213,7 +194,7 @@ static OrtStatus *matmul_compute(const GgufKernel *kn, OrtKernelContext *ctx) {
   if (status == NULL) work.y = (float *)data_of(api, out, &status);
   if (status != NULL) return status;
   work.xq = (uint8_t *)malloc((size_t)work.m * kn->act_bytes + 64);
-  if (work.xq == NULL) return fail(api, OSG_ORT_FAIL, "%s: out of memory for %lld quantized rows", op, (long long)work.m);
+  if (work.xq == NULL) return osg_fail(api, OSG_ORT_FAIL, "%s: out of memory for %lld quantized rows", op, (long long)work.m);
   if (work.m >= 4) {
     status = parallel_for(kn, ctx, quantize_task, (size_t)work.m, &work);
   } else {
@@ -248,12 +229,12 @@ static OrtStatus *gather_compute(const GgufKernel *kn, OrtKernelContext *ctx) {
   RETURN_IF_ERROR(input(api, ctx, 0, op, "W", &w));
   RETURN_IF_ERROR(input(api, ctx, 1, op, "ids", &ids));
   if (w.type != OSG_TENSOR_UINT8 || ids.type != OSG_TENSOR_INT64)
-    return fail(api, OSG_ORT_INVALID_ARGUMENT, "%s: W must be uint8 and ids int64", op);
+    return osg_fail(api, OSG_ORT_INVALID_ARGUMENT, "%s: W must be uint8 and ids int64", op);
   if (w.ndim != 2 || w.dims[0] != kn->rows || w.dims[1] != (int64_t)kn->row_bytes)
-    return fail(api, OSG_ORT_INVALID_ARGUMENT, "%s: W must be [V=%lld, %zu] (ggml type %d, K=%lld)", op,
+    return osg_fail(api, OSG_ORT_INVALID_ARGUMENT, "%s: W must be [V=%lld, %zu] (ggml type %d, K=%lld)", op,
                 (long long)kn->rows, kn->row_bytes, kn->type, (long long)kn->k);
   if (ids.ndim >= OSG_MAX_DIMS)
-    return fail(api, OSG_ORT_INVALID_ARGUMENT, "%s: ids has too many dimensions", op);
+    return osg_fail(api, OSG_ORT_INVALID_ARGUMENT, "%s: ids has too many dimensions", op);
   int64_t dims[OSG_MAX_DIMS];
   memcpy(dims, ids.dims, ids.ndim * sizeof dims[0]);
   dims[ids.ndim] = kn->k;
@@ -263,7 +244,7 @@ static OrtStatus *gather_compute(const GgufKernel *kn, OrtKernelContext *ctx) {
   if (status != NULL) return status;
   for (int64_t i = 0; i < count; i++)
     if (work.ids[i] < 0 || work.ids[i] >= kn->rows)
-      return fail(api, OSG_ORT_INVALID_ARGUMENT, "%s: id %lld at position %lld is outside [0, %lld)", op,
+      return osg_fail(api, OSG_ORT_INVALID_ARGUMENT, "%s: id %lld at position %lld is outside [0, %lld)", op,
                   (long long)work.ids[i], (long long)i, (long long)kn->rows);
   OrtValue *out = NULL;
   RETURN_IF_ERROR(api->KernelContext_GetOutput(ctx, 0, dims, ids.ndim + 1, &out));
@@ -279,164 +260,17 @@ static OrtStatus *gather_compute(const GgufKernel *kn, OrtKernelContext *ctx) {
   return parallel_for(kn, ctx, gather_task, (size_t)count, &work);
 }
 
-/* ---- the OrtCustomOp callbacks ---- */
+/* ---- the callbacks that make and run a kernel (ops_schema.c puts them in the OrtCustomOp) ---- */
 
-static OrtStatus *OSG_ORT_CALL create(const OrtCustomOp *op, const OrtApi *api, const OrtKernelInfo *info,
+OrtStatus *OSG_ORT_CALL osg_op_create(const OrtCustomOp *op, const OrtApi *api, const OrtKernelInfo *info,
                                       void **kernel) {
   (void)api; /* the registering runtime's own table (op->api) has every entry the ops use */
   return create_kernel((const GgufOp *)op, info, kernel);
 }
 
-static OrtStatus *OSG_ORT_CALL compute(void *kernel, OrtKernelContext *ctx) {
+OrtStatus *OSG_ORT_CALL osg_op_compute(void *kernel, OrtKernelContext *ctx) {
   const GgufKernel *kn = (const GgufKernel *)kernel;
   return kn->gather ? gather_compute(kn, ctx) : matmul_compute(kn, ctx);
 }
 
-static void OSG_ORT_CALL destroy(void *kernel) { free(kernel); }
-
-static const char *OSG_ORT_CALL matmul_name(const OrtCustomOp *op) { (void)op; return "GgufMatMul"; }
-static const char *OSG_ORT_CALL gather_name(const OrtCustomOp *op) { (void)op; return "GgufGather"; }
-static const char *OSG_ORT_CALL cpu_provider(const OrtCustomOp *op) { (void)op; return "CPUExecutionProvider"; }
-
-static ONNXTensorElementDataType OSG_ORT_CALL matmul_input_type(const OrtCustomOp *op, size_t index) {
-  (void)op;
-  return index == 0 ? OSG_TENSOR_FLOAT : OSG_TENSOR_UINT8;
-}
-
-static ONNXTensorElementDataType OSG_ORT_CALL gather_input_type(const OrtCustomOp *op, size_t index) {
-  (void)op;
-  return index == 0 ? OSG_TENSOR_UINT8 : OSG_TENSOR_INT64;
-}
-
-static ONNXTensorElementDataType OSG_ORT_CALL float_output(const OrtCustomOp *op, size_t index) {
-  (void)op, (void)index;
-  return OSG_TENSOR_FLOAT;
-}
-
-static size_t OSG_ORT_CALL two(const OrtCustomOp *op) { (void)op; return 2; }
-static size_t OSG_ORT_CALL one(const OrtCustomOp *op) { (void)op; return 1; }
-
-static OrtCustomOpInputOutputCharacteristic OSG_ORT_CALL required(const OrtCustomOp *op, size_t index) {
-  (void)op, (void)index;
-  return OSG_IO_REQUIRED;
-}
-
-static OrtMemType OSG_ORT_CALL default_memory(const OrtCustomOp *op, size_t index) {
-  (void)op, (void)index;
-  return OSG_MEM_DEFAULT;
-}
-
-static int OSG_ORT_CALL arity_one(const OrtCustomOp *op) { (void)op; return 1; }
-static int OSG_ORT_CALL homogeneous(const OrtCustomOp *op) { (void)op; return 1; }
-
-/* ---- shape inference (API 17): Y is X's shape with the last dimension N; GgufGather's output is
- * ids' shape and K. A dimension ORT knows neither by value nor by name leaves the output unknown. */
-
-static int read_int_attr(const OrtApi *api, const OrtShapeInferContext *ctx, const char *name, int64_t *out) {
-  const OrtOpAttr *attr = NULL;
-  size_t len = 0;
-  OrtStatus *status = api->ShapeInferContext_GetAttribute(ctx, name, &attr);
-  if (status == NULL) status = api->ReadOpAttr(attr, OSG_ATTR_INT, out, sizeof *out, &len);
-  if (status == NULL) return 1;
-  api->ReleaseStatus(status);
-  return 0;
-}
-
-static OrtStatus *OSG_ORT_CALL infer_shape(const OrtCustomOp *op, OrtShapeInferContext *ctx) {
-  const GgufOp *g = (const GgufOp *)op;
-  const OrtApi *api = g->api;
-  OrtTensorTypeAndShapeInfo *in = NULL; /* owned by ctx */
-  size_t ndim = 0;
-  int64_t dims[OSG_MAX_DIMS + 1], last = 0;
-  const char *names[OSG_MAX_DIMS + 1];
-  RETURN_IF_ERROR(api->ShapeInferContext_GetInputTypeShape(ctx, g->gather ? 1 : 0, &in));
-  RETURN_IF_ERROR(api->GetDimensionsCount(in, &ndim));
-  if (ndim == 0 || ndim > OSG_MAX_DIMS) return NULL; /* rank unknown (or a scalar): left unknown */
-  RETURN_IF_ERROR(api->GetDimensions(in, dims, ndim));
-  RETURN_IF_ERROR(api->GetSymbolicDimensions(in, names, ndim));
-  for (size_t i = 0; i < ndim; i++)
-    if (dims[i] < 0 && (names[i] == NULL || names[i][0] == '\0')) return NULL;
-  if (!read_int_attr(api, ctx, g->gather ? "K" : "N", &last)) return NULL; /* the kernel will say */
-  size_t out_ndim = g->gather ? ndim + 1 : ndim;
-  dims[out_ndim - 1] = last;
-  names[out_ndim - 1] = "";
-  OrtTensorTypeAndShapeInfo *out = NULL;
-  RETURN_IF_ERROR(api->CreateTensorTypeAndShapeInfo(&out));
-  OrtStatus *status = api->SetTensorElementType(out, OSG_TENSOR_FLOAT);
-  if (status == NULL) status = api->SetDimensions(out, dims, out_ndim);
-  if (status == NULL) status = api->SetSymbolicDimensions(out, names, out_ndim);
-  if (status == NULL) status = api->ShapeInferContext_SetOutputTypeShape(ctx, 0, out);
-  api->ReleaseTensorTypeAndShapeInfo(out);
-  return status;
-}
-
-/* ---- registration ---- */
-
-static GgufOp op_for(const OrtApi *api, int parallel, int gather) {
-  GgufOp g = {
-      {
-          parallel ? OSG_CUSTOM_OP_VERSION_SHAPES : OSG_CUSTOM_OP_VERSION,
-          NULL, gather ? gather_name : matmul_name, cpu_provider,
-          gather ? gather_input_type : matmul_input_type, two, float_output, one,
-          NULL, destroy, required, required, default_memory,
-          arity_one, homogeneous, arity_one, homogeneous,
-          create, compute, parallel ? infer_shape : NULL,
-          NULL, NULL, /* GetStartVersion, GetEndVersion: opset 1 onwards */
-      },
-      api, parallel, gather};
-  return g;
-}
-
-/* Each runtime's two ops; they must outlive every session, so they live as long as the library. */
-#define OSG_MAX_RUNTIMES 8
-static struct {
-  const OrtApi *api;
-  GgufOp matmul, gather;
-} g_runtimes[OSG_MAX_RUNTIMES];
-static int g_runtime_count;
-
-static int runtime_index(const OrtApi *api, int parallel) {
-  static volatile int lock;
-  int found = -1;
-  while (__sync_lock_test_and_set(&lock, 1)) {
-  }
-  for (int i = 0; i < g_runtime_count && found < 0; i++)
-    if (g_runtimes[i].api == api) found = i;
-  if (found < 0 && g_runtime_count < OSG_MAX_RUNTIMES) {
-    found = g_runtime_count;
-    g_runtimes[found].api = api;
-    g_runtimes[found].matmul = op_for(api, parallel, 0);
-    g_runtimes[found].gather = op_for(api, parallel, 1);
-    __sync_synchronize();
-    g_runtime_count++;
-  }
-  __sync_lock_release(&lock);
-  return found;
-}
-
-/* What onnxruntime (SessionOptions.register_custom_ops_library) and onnxruntime-genai
- * (session_options.custom_ops_library) call after loading the library. */
-OSG_EXPORT OrtStatus *OSG_ORT_CALL RegisterCustomOps(OrtSessionOptions *options, const OrtApiBase *api_base) {
-  if (api_base == NULL || api_base->GetApi == NULL) return NULL; /* nothing to report an error with */
-  const OrtApi *api = api_base->GetApi(OSG_ORT_API_PARALLEL);
-  int parallel = api != NULL;
-  if (api == NULL) api = api_base->GetApi(OSG_ORT_API_MIN);
-  if (api == NULL) {
-    /* No table of a version the ops can use: the error is made with the first table's
-     * CreateStatus, which every version has at slot 0. */
-    const OrtApi *oldest = api_base->GetApi(1);
-    if (oldest == NULL) return NULL;
-    return oldest->CreateStatus(OSG_ORT_NOT_IMPLEMENTED,
-                                "ortserve.gguf ops need onnxruntime >= 1.16 (C API version 16)");
-  }
-  int rt = runtime_index(api, parallel);
-  if (rt < 0) return fail(api, OSG_ORT_FAIL, "ortserve.gguf: more than %d onnxruntime builds in one process",
-                          OSG_MAX_RUNTIMES);
-  OrtCustomOpDomain *domain = NULL;
-  RETURN_IF_ERROR(api->CreateCustomOpDomain(OSG_DOMAIN, &domain));
-  RETURN_IF_ERROR(api->CustomOpDomain_Add(domain, &g_runtimes[rt].matmul.op));
-  RETURN_IF_ERROR(api->CustomOpDomain_Add(domain, &g_runtimes[rt].gather.op));
-  /* The domain must outlive every session made from these options, and ORT gives no hook for
-   * when the last one ends: it is kept for the life of the process (a few dozen bytes). */
-  return api->AddCustomOpDomain(options, domain);
-}
+void OSG_ORT_CALL osg_op_destroy(void *kernel) { free(kernel); }
