@@ -224,6 +224,11 @@ def _rag_parts(state: ServerState) -> None:
                                 s.audio_threads)
     state.speech.manager = state.manager
     state.speech.bind_metrics(state.metrics.registry)
+    from ortserve.server.vision import VisionHolder  # images on the chat APIs (docs/vision.md)
+    from ortserve.vision.images import ImageLimits
+
+    state.vision = VisionHolder(ModelStore(s.store_dir), ImageLimits(s.image_max_bytes, s.image_max_pixels,
+                                                                     s.image_max_images))
 
 
 def validation_to_error(err: RequestValidationError) -> OrtServeError:

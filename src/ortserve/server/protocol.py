@@ -98,12 +98,15 @@ class Message(_Contract):
 
     @field_validator("content")
     @classmethod
-    def _text_parts_only(cls, parts: Any) -> Any:
+    def _text_and_image_parts(cls, parts: Any) -> Any:
         if isinstance(parts, list):
             for p in parts:
                 kind = p.get("type")
-                if kind != "text" or not isinstance(p.get("text"), str):
-                    raise ValueError(f"content parts of type {kind!r} are not supported (text only)")
+                if kind == "image_url":  # its URL is checked where it is read (server/vision.py), naming it
+                    if not isinstance(p.get("image_url"), dict) or not isinstance(p["image_url"].get("url"), str):
+                        raise ValueError("an image_url part needs image_url: {url: 'data:image/...;base64,...'}")
+                elif kind != "text" or not isinstance(p.get("text"), str):
+                    raise ValueError(f"content parts of type {kind!r} are not supported (text and image_url)")
         return parts
 
     @field_validator("tool_calls")
@@ -116,9 +119,14 @@ class Message(_Contract):
                 raise ValueError("each tool call needs type 'function' and function {name, arguments (a JSON string)}")
         return calls
 
-    def plain(self) -> dict[str, Any]:
-        content = self.content
-        if isinstance(content, list):  # OpenAI content parts: all text (checked above)
+    def plain(self, index: int = 0) -> dict[str, Any]:
+        content: Any = self.content
+        if isinstance(content, list) and any(p["type"] == "image_url" for p in content):
+            from ortserve.server.vision import image_part  # images stay parts: server/vision.py reads them
+
+            content = [image_part(p["image_url"]["url"], f"messages.{index}.content.{j}.image_url.url")
+                       if p["type"] == "image_url" else p for j, p in enumerate(content)]
+        elif isinstance(content, list):  # OpenAI content parts: all text (checked above)
             content = "".join(p["text"] for p in content)
         role = "system" if self.role == "developer" else self.role
         out: dict[str, Any] = {"role": role, "content": content or ""}
@@ -220,7 +228,7 @@ class SeedChatRequest(_Sampling):
         return _check_messages(data)
 
     def plain_messages(self) -> list[dict[str, str]]:
-        return [m.plain() for m in self.messages]
+        return [m.plain(i) for i, m in enumerate(self.messages)]
 
 
 class StreamOptions(_Contract):
@@ -287,7 +295,7 @@ class ChatCompletionRequest(_Sampling):
         return v
 
     def plain_messages(self) -> list[dict[str, str]]:
-        return [m.plain() for m in self.messages]
+        return [m.plain(i) for i, m in enumerate(self.messages)]
 
     def logprobs_count(self) -> int | None:
         """None: no logprobs; else how many top alternatives per token (top_logprobs needs logprobs)."""

@@ -30,6 +30,7 @@ class ServerState:
     responses: Any = None      # server/responses_store.ResponseStore: stored Responses API answers, opened lazily
     rag: Any = None            # rag/index.RagStore: files and vector stores (issue 16)
     speech: Any = None         # server/speech.SpeechHolder: Whisper models and the audio queue (issue 43)
+    vision: Any = None         # server/vision.VisionHolder: vision models for image requests (issue 42)
 
     def record(self, span: Any, metrics: Any, finish_reason: str | None) -> None:
         """A finished generation, into Prometheus and the request's telemetry span."""

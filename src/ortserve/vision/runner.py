@@ -126,10 +126,9 @@ class VisionModel:
             g = self._generator(named, n_in, Sampling(max_tokens=1, temperature=0.0))
             return np.asarray(g.get_output("logits"))[0, -1].astype(np.float32)
 
-    def generate(self, prompt: str, images: list[Decoded], params: list[str], s: Sampling,
-                 stop: threading.Event | None = None) -> Iterator[Step]:
-        """Token ids as they are generated, then a Step with the finish reason."""
-        named, n_in = self.inputs(prompt, images, params)
+    def run(self, named: Any, n_in: int, s: Sampling, stop: threading.Event | None = None) -> Iterator[Step]:
+        """Token ids as they are generated from prepared inputs (``inputs``), then a Step with the
+        finish reason; ``stop`` set ends it early."""
         with self.lock:
             start = time.perf_counter()
             g = self._generator(named, n_in, s)

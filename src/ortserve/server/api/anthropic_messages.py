@@ -100,6 +100,20 @@ def _text(blocks: Any, where: str) -> str:
     return "".join(out)
 
 
+def _image(b: dict[str, Any], where: str) -> dict[str, Any]:
+    """An image block (base64 source) as the internal image part; a url source is refused."""
+    from ortserve.server.vision import image_part
+
+    src = b.get("source") if isinstance(b.get("source"), dict) else {}
+    if src.get("type") == "url":
+        raise InvalidRequest(f"'{where}.source.url': ortserve never fetches anything (no request leaves the machine); "
+                             "send the image as a base64 source", param=f"{where}.source.url", code="invalid_image")
+    if src.get("type") != "base64" or not isinstance(src.get("data"), str):
+        raise InvalidRequest(f"'{where}.source' must be {{type: 'base64', media_type, data}}", param=f"{where}.source")
+    media = src.get("media_type") if isinstance(src.get("media_type"), str) else "image/png"
+    return image_part(f"data:{media};base64,{src['data']}", f"{where}.source.data")
+
+
 def messages_of(body: MessagesRequest | CountRequest) -> list[dict[str, Any]]:
     """Content blocks as plain chat messages: tool_use -> tool_calls, tool_result -> tool messages."""
     out: list[dict[str, Any]] = [{"role": "system", "content": _text(body.system, "system")}] if body.system else []
@@ -123,6 +137,8 @@ def messages_of(body: MessagesRequest | CountRequest) -> list[dict[str, Any]]:
             kind = b.get("type") if isinstance(b, dict) else None
             if kind == "text" and isinstance(b.get("text"), str):
                 text.append(b["text"])
+            elif kind == "image" and role == "user":
+                text.append(_image(b, where))
             elif kind == "tool_use" and role == "assistant":
                 calls.append({"id": b.get("id"), "type": "function",
                               "function": {"name": b.get("name"), "arguments": json.dumps(b.get("input", {}))}})
@@ -138,7 +154,8 @@ def messages_of(body: MessagesRequest | CountRequest) -> list[dict[str, Any]]:
                 raise InvalidRequest(f"'{where}.type' {kind!r} is not supported here (text, tool_use in assistant "
                                      "turns, tool_result in user turns)", param=f"{where}.type")
         if text or calls or not content:
-            msg: dict[str, Any] = {"role": role, "content": "".join(text)}
+            msg: dict[str, Any] = {"role": role, "content": "".join(text) if all(isinstance(t, str) for t in text)
+                                   else [{"type": "text", "text": t} if isinstance(t, str) else t for t in text]}
             if calls:
                 msg["tool_calls"] = calls
             if thought:

@@ -35,6 +35,25 @@ def _text_of(content: Any, where: str) -> str:
     return "".join(parts)
 
 
+def _content_of(content: Any, where: str) -> Any:
+    """A message's content: its text, or text and image parts where it has input_image parts."""
+    if not isinstance(content, list) or not any(isinstance(p, dict) and p.get("type") == "input_image"
+                                                for p in content):
+        return _text_of(content, where)
+    from ortserve.server.vision import image_part
+
+    parts: list[dict[str, Any]] = []
+    for j, p in enumerate(content):
+        if isinstance(p, dict) and p.get("type") == "input_image":
+            if not isinstance(p.get("image_url"), str):
+                raise InvalidRequest(f"'{where}.{j}.image_url' is needed: a data:image/...;base64,... URL "
+                                     "(file_id images are not served)", param=f"{where}.{j}.image_url")
+            parts.append(image_part(p["image_url"], f"{where}.{j}.image_url"))
+        else:
+            parts.append({"type": "text", "text": _text_of([p], f"{where}.{j}")})
+    return parts
+
+
 def messages_of(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Input items as plain chat messages; consecutive function calls join one assistant turn."""
     if isinstance(items, str):
@@ -49,7 +68,7 @@ def messages_of(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
             if role not in ("user", "assistant", "system", "developer"):
                 raise InvalidRequest(f"'{where}.role' must be user, assistant, system or developer", param=f"{where}.role")
             out.append({"role": "system" if role == "developer" else role,
-                        "content": _text_of(item.get("content", ""), f"{where}.content")})
+                        "content": _content_of(item.get("content", ""), f"{where}.content")})
         elif kind == "function_call":
             if not isinstance(item.get("name"), str) or not isinstance(item.get("arguments"), str):
                 raise InvalidRequest(f"'{where}' needs 'name' and 'arguments' (a JSON string)", param=where)
