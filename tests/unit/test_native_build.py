@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -130,3 +131,17 @@ def test_an_isa_from_the_config_file_reaches_every_copy_of_the_library(monkeypat
         assert os.environ["ORTSERVE_NATIVE_ISA"] == "scalar"
     finally:
         lib.osg_set_isa(b"avx512" if best == "avx512vnni" else best.encode())
+
+
+def test_a_library_older_than_its_sources_says_so(monkeypatch, tmp_path, fresh_status, library):
+    shutil.copyfile(library, tmp_path / native.LIBRARY_NAME)
+    (tmp_path / "csrc").mkdir()
+    newer = tmp_path / "csrc" / "ops.c"
+    newer.write_text("/* edited */\n", encoding="utf-8")
+    later = (tmp_path / native.LIBRARY_NAME).stat().st_mtime + 10
+    os.utime(newer, (later, later))
+    monkeypatch.setattr(native, "_PACKAGE_DIR", tmp_path)
+    st = native.status(enabled=True, isa="auto")
+    assert st.active == (st.isa != "scalar")
+    if st.active:
+        assert "older than csrc/" in st.reason and "python -m ortserve.native.build" in st.reason

@@ -108,7 +108,14 @@ def _status(enabled: bool, isa: str) -> NativeStatus:
     if used == "scalar":
         return NativeStatus(False, "CPU unsupported: no AVX2, and the scalar kernels are slower than "
                                    "MatMulNBits", used, path)
-    return NativeStatus(True, f"active: {used} kernels", used, path)
+    return NativeStatus(True, f"active: {used} kernels{_stale_note(path)}", used, path)
+
+
+def _stale_note(path: Path) -> str:
+    from ortserve.native import build  # not at import: `python -m ortserve.native.build` runs it as __main__
+
+    return "; the library is older than csrc/ (rebuild: python -m ortserve.native.build)" \
+        if build.stale(path, _PACKAGE_DIR / "csrc") else ""
 
 
 def _load(path: Path) -> ctypes.CDLL:
