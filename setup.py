@@ -15,7 +15,6 @@ from pathlib import Path
 
 from setuptools import setup
 from setuptools.command.build_py import build_py
-from setuptools.dist import Distribution
 
 ROOT = Path(__file__).resolve().parent
 NATIVE = ROOT / "src" / "ortserve" / "native"
@@ -46,24 +45,8 @@ class BuildPyWithNative(build_py):
                   "graphs (docs/native.md)", file=sys.stderr)
 
 
-class PlatformDistribution(Distribution):
-    """A wheel holding the library is specific to its platform (still any Python 3)."""
-
-    def has_ext_modules(self) -> bool:
-        return sys.platform.startswith("linux")
-
-
-cmdclass: dict = {"build_py": BuildPyWithNative}
-try:
-    from setuptools.command.bdist_wheel import bdist_wheel
-
-    class PlatformWheel(bdist_wheel):
-        def get_tag(self) -> tuple[str, str, str]:
-            _, _, plat = super().get_tag()
-            return "py3", "none", plat
-
-    cmdclass["bdist_wheel"] = PlatformWheel
-except ImportError:  # setuptools < 70.1 has no bdist_wheel of its own: the wheel stays py3-none-any
-    pass
-
-setup(cmdclass=cmdclass, distclass=PlatformDistribution)
+# The wheel stays py3-none-any although it carries a Linux shared object: `ortserve bundle` builds
+# ortserve's wheel here and installs it on other platforms (Windows, macOS, manylinux tags), where a
+# linux_x86_64 tag would refuse it. The library needs only libc and libm, and the loader checks the
+# platform and dlopen before using it (native.status() says "not built" elsewhere).
+setup(cmdclass={"build_py": BuildPyWithNative})
