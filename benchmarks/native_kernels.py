@@ -4,6 +4,13 @@ For each type: M=1 (decode) in GB/s of weight bytes as the file holds them, and 
 GFLOP/s (2*K*N*M), on a weight bigger than the last-level cache, per instruction-set path.
 
     .venv/bin/python benchmarks/native_kernels.py --json out.json
+
+With --vs-ggml DIR (a llama.cpp build's bin folder, holding libggml-base.so and libggml-cpu.so; see
+docs/bench.md "llama.cpp tools"), it instead runs benchmarks/native_kernels_vs_ggml.c: the same
+weight bytes through these kernels and through ggml's own from_float + vec_dot, alternating, one
+thread, best of many, at M=1 (K=4096, N=256: in L2, so compute, not memory) and M=64 (N=128):
+
+    .venv/bin/python benchmarks/native_kernels.py --vs-ggml ~/.cache/ortserve-test/llama.cpp/build/bin
 """
 from __future__ import annotations
 
@@ -76,6 +83,27 @@ def bench(so: ctypes.CDLL, t: int, k: int, n: int, m: int, repeat: int) -> dict:
             "weight_GB_per_s": wbytes / secs / 1e9, "GFLOP_per_s": 2 * k * n * m / secs / 1e9}
 
 
+def vs_ggml(so_path: str, bin_dir: Path, types: list[str]) -> list[dict]:
+    exe = Path(tempfile.mkdtemp()) / "vs_ggml"
+    cc = shutil.which("cc") or "gcc"
+    subprocess.run([cc, "-O2", "-o", str(exe), str(Path(__file__).with_name("native_kernels_vs_ggml.c")), "-ldl"],
+                   check=True)
+    by_name = {v: k for k, v in ref.NAMES.items()}
+    rows = []
+    for name in types:
+        for k, n, m, repeat in ((4096, 256, 1, 400), (4096, 128, 64, 60)):
+            out = subprocess.run([str(exe), so_path, str(bin_dir / "libggml-base.so"), str(bin_dir / "libggml-cpu.so"),
+                                  str(by_name[name]), str(k), str(n), str(m), str(repeat), "-"],
+                                 check=True, capture_output=True, text=True).stdout
+            r = json.loads(out)
+            r["type"] = name
+            r["ratio_ggml_over_ortserve"] = r["ggml_s"] / r["ortserve_s"]
+            rows.append(r)
+            print(f"{r['isa']:>10} {name:5} M={m:<3} ortserve {r['ortserve_s'] * 1e6:9.1f} us   ggml "
+                  f"{r['ggml_s'] * 1e6:9.1f} us   x{r['ratio_ggml_over_ortserve']:.2f}", flush=True)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lib", help="a built library (default: compile the kernel sources here)")
@@ -85,8 +113,17 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=8192, help="rows for M=1 (default: ~19-36 MB of weights)")
     ap.add_argument("--prefill-n", type=int, default=1024, help="rows for M=64")
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--vs-ggml", type=Path, metavar="BIN_DIR", help="compare with libggml-cpu in BIN_DIR")
     ap.add_argument("--json")
     args = ap.parse_args()
+    if args.vs_ggml:
+        if args.lib is None:
+            so = load(None)
+            args.lib = so._name
+        rows = vs_ggml(args.lib, args.vs_ggml.expanduser(), args.types)
+        if args.json:
+            Path(args.json).write_text(json.dumps(rows, indent=1), encoding="utf-8")
+        return
     so = load(args.lib)
     by_name = {v: k for k, v in ref.NAMES.items()}
     rows = []

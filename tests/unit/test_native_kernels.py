@@ -153,6 +153,21 @@ def test_matmul_row_range(lib: ctypes.CDLL, isa: str, t: int) -> None:
     assert np.isnan(y[:, :3]).all() and np.isnan(y[:, 6:]).all()
 
 
+@pytest.mark.parametrize("t", [ref.Q8_0, ref.Q4_K], ids=lambda t: ref.NAMES[t])
+def test_matmul_crosses_weight_chunks(lib: ctypes.CDLL, isa: str, t: int) -> None:
+    """More weight rows than one 256 KB chunk, and activation tiles of 4 + 1: every output once."""
+    rng = np.random.default_rng(11)
+    k = ref.block_elems(t)
+    n, m = (256 << 10) // ref.row_bytes(t, k) + 37, 5
+    w = random_weights(t, n, k, rng)
+    x = random_acts(m, k, rng)
+    xq = c_quantize(lib, t, x)
+    y = np.full((m, n), np.nan, np.float32)
+    lib.osg_matmul_rows(t, k, _ptr(w), _ptr(xq), m, _ptr(y), n, 0, n)
+    want, scale = ref.matmul(t, w, x)
+    assert np.all(np.abs(y - want) <= 1e-6 * scale)
+
+
 @pytest.mark.parametrize("t", TYPES, ids=lambda t: ref.NAMES[t])
 def test_dequant_row_is_gguf_py_exactly(lib: ctypes.CDLL, t: int) -> None:
     from gguf import GGMLQuantizationType, quants

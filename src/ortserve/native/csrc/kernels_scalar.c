@@ -4,7 +4,6 @@
 
 #include "kernels_internal.h"
 
-int osg_q6_k_value(const blk_q6_k *b, int e);
 
 static float dot_q4_0(int64_t nb, const void *w, const void *a) {
     const blk_q4_0 *x = (const blk_q4_0 *)w;
@@ -110,17 +109,31 @@ static float dot_q45_k(int64_t nb, const void *w, const void *a, int five) {
 static float dot_q4_k(int64_t nb, const void *w, const void *a) { return dot_q45_k(nb, w, a, 0); }
 static float dot_q5_k(int64_t nb, const void *w, const void *a) { return dot_q45_k(nb, w, a, 1); }
 
+/* Q6_K: in each half of 128, byte l of ql (l < 64) holds elements l (low nibble) and l + 64 (high),
+ * byte l of qh (l < 32) holds the top two bits of elements l, l + 32, l + 64, l + 96. */
 static float dot_q6_k(int64_t nb, const void *w, const void *a) {
     const blk_q6_k *x = (const blk_q6_k *)w;
     const act256 *y = (const act256 *)a;
     float s = 0.0f;
     for (int64_t i = 0; i < nb; i++) {
-        int32_t sumi = 0;
-        for (int g = 0; g < 16; g++) {
-            int32_t qa = 0;
-            for (int e = 16 * g; e < 16 * g + 16; e++) qa += osg_q6_k_value(&x[i], e) * y[i].qs[e];
-            sumi += x[i].scales[g] * qa;
+        int32_t qa[16] = {0};
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *ql = x[i].ql + 64 * h, *qh = x[i].qh + 32 * h;
+            const int8_t *av = y[i].qs + 128 * h;
+            for (int l = 0; l < 32; l++) {
+                int q0 = ((ql[l] & 0x0F) | ((qh[l] & 3) << 4)) - 32;
+                int q1 = ((ql[l + 32] & 0x0F) | (((qh[l] >> 2) & 3) << 4)) - 32;
+                int q2 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+                int q3 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+                int g = 8 * h + l / 16;
+                qa[g] += q0 * av[l];
+                qa[g + 2] += q1 * av[l + 32];
+                qa[g + 4] += q2 * av[l + 64];
+                qa[g + 6] += q3 * av[l + 96];
+            }
         }
+        int32_t sumi = 0;
+        for (int g = 0; g < 16; g++) sumi += x[i].scales[g] * qa[g];
         s += (osg_f16_to_f32(x[i].d) * y[i].d) * (float)sumi;
     }
     return s;
