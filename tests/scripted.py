@@ -45,7 +45,8 @@ def scripted_llama(out: Path, tokenizer_dir: Path, chain: list[str], *, added: t
     successors: dict[int, int] = {}
     for cur, nxt in pairs:
         assert successors.setdefault(cur, nxt) == nxt, f"token {cur} would need two successors"
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+    hidden = 64 * -(-len(successors) // 64)  # one embedding dimension per token that has a successor
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=128, num_hidden_layers=1,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
                       tie_word_embeddings=False, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
                       pad_token_id=tok.pad_token_id)

@@ -41,6 +41,9 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100]); -100 bans
     speculative: bool = True  # prompt-lookup speculation for this request, where the server has it on
     lora_scale: float | None = None  # the LoRA adapter's scale on alpha/r for this request (docs/lora.md); None: as imported
+    # a thinking model's reasoning: at most this many tokens inside its block, then the engine closes it
+    # (engine/reasoning.py ThinkBudget); -1 counts them without a bound; None: not tracked
+    reasoning_budget: int | None = None
 
     def __post_init__(self) -> None:
         if self.json_schema is not None and not isinstance(self.json_schema, str):
@@ -82,6 +85,9 @@ class SamplingParams:
             raise bad("repetition_penalty", f"must be in (0, 10], got {self.repetition_penalty!r}")
         if self.lora_scale is not None and (not _finite(self.lora_scale) or not (-10 <= self.lora_scale <= 10)):
             raise bad("lora_scale", f"must be a number between -10 and 10, got {self.lora_scale!r}")
+        if self.reasoning_budget is not None and (not isinstance(self.reasoning_budget, int)
+                                                  or isinstance(self.reasoning_budget, bool) or self.reasoning_budget < -1):
+            raise bad("reasoning_budget", f"must be an integer >= 0 (-1: no bound), got {self.reasoning_budget!r}")
         if self.timeout is not None and (not _finite(self.timeout) or self.timeout <= 0):
             raise bad("timeout", f"must be a number of seconds > 0, got {self.timeout!r}")
         for name in ("presence_penalty", "frequency_penalty"):
@@ -197,6 +203,7 @@ class Metrics:
     queue_time: float = 0.0
     cached_tokens: int = 0  # prompt tokens whose KV was reused from a cached prefix, not computed
     speculative: dict[str, Any] | None = None  # guesses: proposed, accepted, steps, acceptance (+ lookup/draft)
+    reasoning_tokens: int | None = None  # of output_tokens: inside the reasoning block (None: not tracked)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -20,6 +20,7 @@ from ortserve.engine.draft import DraftModel
 from ortserve.engine.formats import Tool
 from ortserve.engine.guidance import Guidance, Guide, constraint_of
 from ortserve.engine.lora import Adapter
+from ortserve.engine.reasoning import ThinkBudget, left_open
 from ortserve.engine.runner import ModelSpec, Runner
 from ortserve.engine.runtime import DeviceChoice, candidates, session_options
 from ortserve.engine.sequence import Sequence
@@ -203,6 +204,16 @@ class AsyncEngine(AdapterHost):
         constraint = constraint_of(params)
         return None if constraint is None else self.model.guidance.guide(constraint)
 
+    def think_budget(self, ids: list[int], params: SamplingParams) -> ThinkBudget | None:
+        """The reasoning count (and bound) of a thinking model's request that asks for one; its block
+        is open from the start where the prompt opened it (DeepSeek-R1's template)."""
+        markers = self.codec.reasoning_markers
+        if params.reasoning_budget is None or markers is None:
+            return None
+        inside = left_open(self.codec.decode(ids[-32:]), markers)
+        return ThinkBudget(params.reasoning_budget, self.codec.encode(markers[1], add_special_tokens=False),
+                           self.codec.piece, markers, inside)
+
     def count_tokens(self, text: str) -> int:
         return len(self.codec.encode(text))
 
@@ -288,7 +299,8 @@ class AsyncEngine(AdapterHost):
         seq = Sequence(id=handle.id, prompt_ids=ids, params=params, model=adapter or self.model_id,
                        adapter=self._adapter_key(adapter, params),
                        sink=lambda ev: loop.call_soon_threadsafe(queue.put_nowait, ev),
-                       detok=IncrementalDetokenizer(self.codec.decode), guide=guide)
+                       detok=IncrementalDetokenizer(self.codec.decode), guide=guide,
+                       think=self.think_budget(ids, params))
         if adapter:
             self._lora_seqs.append(seq)
         self.core.add(seq)

@@ -1,6 +1,7 @@
 """Postprocess, per sequence: what one row does with its logits (engine/core.py's step calls it).
 
-Logits processors, the grammar mask and sampling pick the token (``select``); ``_advance``
+Logits processors, the grammar mask and sampling pick the token (``select``), unless a spent
+reasoning budget forces the close of the reasoning block (engine/reasoning.py ``ThinkBudget``); ``_advance``
 streams its text or finishes the sequence (EOS, a stop string, max_tokens, the context);
 ``_finish`` and ``_fail`` send the last event. A mixin of ``EngineCore``, like
 engine/speculate.py's ``Speculation``: it reads the core's ``runner``, ``eos`` and ``faults``.
@@ -62,7 +63,11 @@ class Postprocess:
             apply_mask(logits, mask)
             if not np.isfinite(logits).any():  # the grammar allows only the end (min_tokens gives way)
                 logits[next(iter(self.eos))] = 0.0
-        token = sample(logits, p, seq.rng)
+        forced = seq.think.forced() if seq.think is not None else None
+        if forced is not None and np.isfinite(logits[forced]):  # the reasoning budget is spent: close the block
+            token = forced
+        else:
+            token = sample(logits, p, seq.rng)
         if p.logprobs is not None and token not in self.eos:
             seq.logprobs.append(token_logprobs(raw, token, p.logprobs))
         return token
@@ -74,6 +79,8 @@ class Postprocess:
             return
         if seq.guide is not None:
             seq.guide.consume(token)
+        if seq.think is not None:
+            seq.think.observe(token)
         text = seq.accept(token)
         self.total_output_tokens += 1
         if seq.stop.stopped or (seq.guide is not None and seq.guide.stopped):

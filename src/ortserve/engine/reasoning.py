@@ -9,15 +9,31 @@ generation prompt (DeepSeek-R1's ``<think>\n``), so the answer starts inside it;
 empty one when ``enable_thinking`` is false, so the answer has none. ``ReasoningSplitter`` splits the
 generated text as it streams: blank text around the reasoning is dropped, and the markers are never
 part of either side.
+
+``ThinkBudget`` bounds a sequence's reasoning (llama-server's ``--reasoning-budget``, vLLM's
+``thinking_token_budget``): it counts the tokens written inside the block and, once the budget is
+spent, forces the close marker's tokens, after which the model writes its answer (docs/reasoning.md).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from ortserve.engine.detokenize import marker_start
 
 OPEN, CLOSE = "<think>", "</think>"
 MISTRAL = ("[THINK]", "[/THINK]")
 MARKERS = ((OPEN, CLOSE), MISTRAL)
+
+# Reasoning tokens per effort level (Chat Completions ``reasoning_effort``, Responses ``reasoning.effort``,
+# Ollama's ``think`` levels); None: no bound. "none" turns thinking off instead (docs/reasoning.md).
+EFFORT_BUDGETS: dict[str, int | None] = {"minimal": 128, "low": 512, "medium": 2048, "high": 8192, "xhigh": None}
+UNBOUNDED = -1  # SamplingParams.reasoning_budget: count the reasoning tokens, never close the block
+
+
+def effort_budget(effort: str | None) -> int | None:
+    """The reasoning budget of an effort level (None: unbounded, or no level given)."""
+    return EFFORT_BUDGETS.get(effort) if effort else None
 
 
 def markers_of(template: str | None) -> tuple[str, str] | None:
@@ -99,3 +115,45 @@ class ReasoningSplitter:
         elif buf:
             self._emit(out, False, buf)
             self._buf = ""
+
+
+class ThinkBudget:
+    """One sequence's reasoning budget: the tokens written inside its reasoning block are counted
+    (``used``; the markers are not), and once ``budget`` are spent the close marker's tokens are
+    forced one by one (``forced``), as ``engine/closing.py``'s JSON budget follows its closing path:
+    a token other than the planned one (a ban, a grammar) drops the plan, and the next step plans
+    again. After the block the model writes its answer as usual. ``budget`` < 0: count only."""
+
+    def __init__(self, budget: int, close_ids: list[int], piece: Callable[[int], str],
+                 markers: tuple[str, str] = (OPEN, CLOSE), inside: bool = False) -> None:
+        self.budget = budget
+        self.close_ids = list(close_ids)
+        self.piece = piece                 # one token's text, special tokens included
+        self.split = ReasoningSplitter(inside, markers)
+        self.used = 0                      # tokens written inside the block
+        self.closed_early = False          # the budget closed the block
+        self._plan: list[int] = []
+
+    @property
+    def inside(self) -> bool:
+        return self.split.state == "inside"
+
+    def forced(self) -> int | None:
+        """The token the next step must take (the close marker's next token), or None."""
+        if not self._plan and not self.closed_early and self.inside and 0 <= self.budget <= self.used and self.close_ids:
+            self._plan = list(self.close_ids)
+        return self._plan[0] if self._plan else None
+
+    def observe(self, token: int) -> None:
+        """Count a generated token (after it was taken)."""
+        planned = bool(self._plan) and token == self._plan[0]
+        if planned:
+            self._plan.pop(0)
+        elif self._plan:
+            self._plan = []
+        was_inside = self.inside
+        self.split.feed(self.piece(token))
+        if planned and not self._plan:
+            self.closed_early = True
+        elif was_inside and self.inside and not planned:
+            self.used += 1

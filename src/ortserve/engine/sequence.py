@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from ortserve.engine.detokenize import IncrementalDetokenizer, StopMatcher
 from ortserve.engine.guidance import Guide
+from ortserve.engine.reasoning import ThinkBudget
 from ortserve.engine.sampler import make_rng
 from ortserve.engine.speculate import Drafter
 from ortserve.types import Metrics, SamplingParams, TokenEvent
@@ -40,6 +41,7 @@ class Sequence:
     guide: Guide | None = None      # grammar state when the output is constrained (engine/guidance.py)
     adapter: str = ""               # the LoRA adapter it runs with, and its scale (engine/lora.py adapter_key); "" = the base
     draft: Drafter | None = None    # its prompt-lookup guesses, once it speculated (engine/speculate.py)
+    think: ThinkBudget | None = None  # a thinking model's reasoning count and budget (engine/reasoning.py)
 
     def __post_init__(self) -> None:
         self.rng = make_rng(self.params.seed)
@@ -79,4 +81,5 @@ class Sequence:
             tokens_per_second=n_out / total if total > 0 else 0.0,
             output_tokens_per_second=(n_out - 1) / decode_time if n_out > 1 and decode_time > 0 else 0.0,
             queue_time=(self.started_at or end) - self.arrival, cached_tokens=self.reused,
-            speculative=self.draft.stats() if self.draft is not None else None)
+            speculative=self.draft.stats() if self.draft is not None else None,
+            reasoning_tokens=self.think.used if self.think is not None else None)

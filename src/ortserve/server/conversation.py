@@ -25,7 +25,7 @@ from typing import Any
 
 from ortserve.engine import AsyncEngine, RequestHandle
 from ortserve.engine.formats import ToolCallParser
-from ortserve.engine.reasoning import ReasoningSplitter
+from ortserve.engine.reasoning import UNBOUNDED, ReasoningSplitter
 from ortserve.engine.tokenizer import TEMPLATE_HEADER
 from ortserve.errors import InvalidRequest, OrtServeError
 from ortserve.models.sampling import defaults_for
@@ -60,8 +60,10 @@ class ChatTurn:
     max_tokens_is_ceiling: bool = False
     # this API's name for an internal field, so a 400 names what the client sent
     names: dict[str, str] = field(default_factory=dict)
-    thinking: bool | None = None  # False: a thinking model answers without reasoning (None: its default)
+    thinking: bool | None = None  # False: a thinking model answers without reasoning; True: it must think (None: its default)
     thinking_param: str | None = None  # the field that asked for False (None: the API's own default)
+    # the most tokens a thinking model may reason before the engine closes its block (None: no bound)
+    reasoning_budget: int | None = None
     # a raw prompt instead of the chat template (Ollama's raw, fill-in-the-middle): its token ids on the
     # engine that serves the turn (``messages`` are then not rendered)
     prompt_ids: Callable[[AsyncEngine], list[int]] | None = None
@@ -216,6 +218,9 @@ class Conversation:
             raise InvalidRequest(f"{engine.model_id} reasons in every answer: its chat template has no switch to turn "
                                  f"that off (enable_thinking), so '{turn.thinking_param}' cannot be honoured; leave it "
                                  "out (the reasoning comes back apart from the answer)", param=turn.thinking_param)
+        if turn.thinking is True and turn.thinking_param and not engine.codec.thinks:
+            raise InvalidRequest(f"{engine.model_id} does not think (its chat template writes no reasoning block), so "
+                                 f"'{turn.thinking_param}' cannot be honoured", param=turn.thinking_param)
         span.set(model=engine.model_id, provider="local", execution_provider=engine.model.choice.device)
         try:
             defaults = defaults_for(st.settings, engine.model.dir)
@@ -229,6 +234,9 @@ class Conversation:
             headers = sampling.sampling_headers(params, defaults)
             plan, output, thinking, free = prompt_plan(engine, turn)
             params = constrain(engine, params, output, plan, thinking)
+            if engine.codec.thinks and free and turn.prompt_ids is None:  # counted, and bounded if asked
+                params = replace(params, reasoning_budget=UNBOUNDED if turn.reasoning_budget is None
+                                 else turn.reasoning_budget)
         except InvalidRequest as err:
             raise _renamed(err, turn.names) from None
         params = replace(params, logprobs=turn.logprobs)
@@ -253,7 +261,9 @@ class Conversation:
 
     def usage(self, metrics: list[Metrics]) -> Usage:
         cached = max((getattr(m, "cached_tokens", 0) or 0 for m in metrics), default=0)
-        thought = sum(len(self.engine.codec.encode(r, add_special_tokens=False)) for r in self.reasoning if r)
+        counted = [m.reasoning_tokens for m in metrics]  # by the engine, markers left out
+        thought = (sum(counted) if None not in counted and counted else  # type: ignore[arg-type]
+                   sum(len(self.engine.codec.encode(r, add_special_tokens=False)) for r in self.reasoning if r))
         return Usage(self.prompt_tokens, sum(m.output_tokens for m in metrics), cached, thought)
 
     def _splitter(self) -> ReasoningSplitter | None:

@@ -21,6 +21,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 
+from ortserve.engine.reasoning import effort_budget
 from ortserve.errors import InvalidRequest
 from ortserve.types import SAMPLING_DEFAULT_FIELDS, SamplingDefaults, SamplingParams
 
@@ -263,10 +264,13 @@ class ChatCompletionRequest(_Sampling):
     parallel_tool_calls: bool | None = None
     functions: list[Any] | None = None             # legacy: mapped onto tools
     function_call: str | dict[str, Any] | None = None
-    # a thinking model (Qwen3, engine/reasoning.py) has no effort levels: "none" turns its reasoning
-    # off, any other level leaves it on; a model that does not think answers the same either way
+    # a thinking model's reasoning (Qwen3, engine/reasoning.py): "none" turns it off, the other levels
+    # bound it (EFFORT_BUDGETS); a model that does not think answers the same either way
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
-    # vLLM's and llama-server's extension, as Qwen3's model card sends it: {"enable_thinking": false}
+    # vLLM's name for an exact bound on the reasoning tokens (wins over the effort's)
+    thinking_token_budget: int | None = Field(None, ge=0, strict=True)
+    # vLLM's and llama-server's extension, as Qwen3's model card sends it: {"enable_thinking": false};
+    # SGLang's {"thinking_budget": N} is enforced here as thinking_token_budget
     chat_template_kwargs: dict[str, Any] | None = None
     # OpenAI's hosted web search: not available offline, so left out with a warning (server/hosted_tools.py)
     web_search_options: dict[str, Any] | None = None
@@ -318,8 +322,9 @@ class ChatCompletionRequest(_Sampling):
         ``chat_template_kwargs.enable_thinking: false``); None: the model's default."""
         kwargs = self.chat_template_kwargs or {}
         for key in kwargs:
-            if key != "enable_thinking":
-                raise InvalidRequest(f"'chat_template_kwargs.{key}' is not supported (enable_thinking only)",
+            if key not in ("enable_thinking", "thinking_budget"):
+                raise InvalidRequest(f"'chat_template_kwargs.{key}' is not supported (enable_thinking and "
+                                     "thinking_budget only)",
                                      param=f"chat_template_kwargs.{key}", code="unsupported_parameter")
         enable = kwargs.get("enable_thinking")
         if enable is not None and not isinstance(enable, bool):
@@ -329,6 +334,17 @@ class ChatCompletionRequest(_Sampling):
             raise InvalidRequest("'chat_template_kwargs.enable_thinking' is true but 'reasoning_effort' is "
                                  "'none'", param="chat_template_kwargs.enable_thinking")
         return False if enable is False or self.reasoning_effort == "none" else None
+
+    def reasoning_budget(self) -> int | None:
+        """The most tokens a thinking model may reason (None: no bound): ``thinking_token_budget``, else
+        ``chat_template_kwargs.thinking_budget``, else the ``reasoning_effort`` level's."""
+        budget = (self.chat_template_kwargs or {}).get("thinking_budget")
+        if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool) or budget < 0):
+            raise InvalidRequest("'chat_template_kwargs.thinking_budget' must be an integer >= 0",
+                                 param="chat_template_kwargs.thinking_budget")
+        if self.thinking_token_budget is not None:
+            return self.thinking_token_budget
+        return budget if budget is not None else effort_budget(self.reasoning_effort)
 
 
 class CompletionRequest(_Sampling):

@@ -71,6 +71,7 @@ NOT_ROUTED = {
     "function_call": "the legacy 'function_call' is not carried through the router; send 'tool_choice'",
     "keep_alive": "keep_alive applies to a local model named in the request, not to 'auto' or a provider",
     "reasoning_effort": "reasoning_effort applies to a local thinking model, not to 'auto' or a provider",
+    "thinking_token_budget": "thinking_token_budget applies to a local thinking model, not to 'auto' or a provider",
     "chat_template_kwargs": "chat_template_kwargs apply to a local model's template, not to 'auto' or a provider",
 }
 

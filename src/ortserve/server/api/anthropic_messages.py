@@ -18,6 +18,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import Field
 
+from ortserve.engine.reasoning import effort_budget
 from ortserve.errors import InvalidRequest, OrtServeError
 from ortserve.server.conversation import (
     CallArguments,
@@ -72,7 +73,7 @@ class MessagesRequest(_Contract):
     thinking: dict[str, Any] | None = None
     # clear_thinking edits only: there is no thinking to clear (Claude Code sends one)
     context_management: dict[str, Any] | None = None
-    # effort: the served models have no effort control (docs/agents.md); format: JSON output
+    # effort: a thinking model's reasoning bound when it thinks (docs/reasoning.md); format: JSON output
     output_config: dict[str, Any] | None = None
     lora_scale: float | None = Field(None, strict=True)  # ortserve extension: a LoRA adapter's scale (docs/lora.md)
     IGNORED: ClassVar[frozenset[str]] = frozenset({"service_tier"})
@@ -199,15 +200,23 @@ def choice_of(choice: dict[str, Any] | None) -> tuple[Any, bool | None]:
 
 def _check(st: ServerState, body: MessagesRequest | CountRequest) -> None:
     # "adaptive" lets the model decide whether to think: a thinking model (Qwen3) does, and its
-    # reasoning comes back as thinking blocks; "enabled" asks for a token budget no local model keeps
-    if body.thinking is not None and body.thinking.get("type") not in ("disabled", "adaptive"):
-        raise InvalidRequest("extended thinking is not supported by the served models (thinking.type "
-                             "'disabled' or 'adaptive' only)", param="thinking.type")
+    # reasoning comes back as thinking blocks; "enabled" bounds it to budget_tokens (the engine closes
+    # the block there) and is a 400 on a model that does not think (server/conversation.py)
+    kind = (body.thinking or {}).get("type")
+    if body.thinking is not None and kind not in ("disabled", "adaptive", "enabled"):
+        raise InvalidRequest("'thinking.type' must be enabled, adaptive or disabled", param="thinking.type")
+    budget = (body.thinking or {}).get("budget_tokens")
+    if kind == "enabled" and (not isinstance(budget, int) or isinstance(budget, bool) or budget < 0):
+        raise InvalidRequest("'thinking.budget_tokens' must be an integer >= 0 with thinking.type 'enabled'",
+                             param="thinking.budget_tokens")
     if isinstance(body, MessagesRequest):
         for i, edit in enumerate((body.context_management or {}).get("edits") or []):
             if not str(edit.get("type", "")).startswith("clear_thinking"):
                 raise InvalidRequest(f"context edit {edit.get('type')!r} is not supported (clear_thinking only)",
                                      param=f"context_management.edits.{i}.type")
+        effort = (body.output_config or {}).get("effort")
+        if effort is not None and effort not in ("low", "medium", "high", "max"):
+            raise InvalidRequest("'output_config.effort' must be low, medium, high or max", param="output_config.effort")
         extra = set(body.output_config or {}) - {"effort", "format"}
         if extra:
             raise InvalidRequest(f"'output_config.{min(extra)}' is not supported",
@@ -218,8 +227,17 @@ def _check(st: ServerState, body: MessagesRequest | CountRequest) -> None:
 
 
 def thinking_of(body: MessagesRequest | CountRequest) -> bool | None:
-    """As Anthropic's API: no thinking unless asked for ("adaptive": the model's own default)."""
-    return None if (body.thinking or {}).get("type") == "adaptive" else False
+    """As Anthropic's API: no thinking unless asked for ("adaptive": the model's own default;
+    "enabled": thinking, which a model that does not think refuses)."""
+    kind = (body.thinking or {}).get("type")
+    return True if kind == "enabled" else None if kind == "adaptive" else False
+
+
+def budget_of(body: MessagesRequest) -> int | None:
+    """The reasoning bound: ``thinking.budget_tokens``, else ``output_config.effort``'s level (max: none)."""
+    if (body.thinking or {}).get("type") == "enabled":
+        return int(body.thinking["budget_tokens"])  # type: ignore[index]
+    return effort_budget((body.output_config or {}).get("effort"))
 
 
 def turn_of(body: MessagesRequest) -> ChatTurn:
@@ -233,7 +251,7 @@ def turn_of(body: MessagesRequest) -> ChatTurn:
                     tools=tools, tool_choice=choice, parallel_tool_calls=parallel,
                     response_format=format_of(body.output_config), max_tokens_is_ceiling=True,
                     thinking=thinking_of(body), thinking_param="thinking.type" if body.thinking else None,
-                    names={"stop": "stop_sequences", "response_format": "output_config.format"})
+                    reasoning_budget=budget_of(body), names={"stop": "stop_sequences", "response_format": "output_config.format"})
 
 
 def format_of(config: dict[str, Any] | None) -> dict[str, Any] | None:

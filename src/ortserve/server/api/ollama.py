@@ -92,7 +92,8 @@ def turn_of(body: _Generating, messages: list[dict[str, Any]], cap: int,
                     max_tokens=body.max_tokens(cap), max_tokens_is_ceiling=True, tools=tools or None,
                     tool_choice=tool_choice if tools else None,
                     response_format=body.response_format(), keep_alive=body.keep_alive,
-                    thinking=body.thinking(), thinking_param="think" if body.think is False else None, names=NAMES)
+                    thinking=body.thinking(), thinking_param="think" if body.think is False else None,
+                    reasoning_budget=body.reasoning_budget(), names=NAMES)
 
 
 async def start(st: ServerState, body: _Generating, turn: ChatTurn, request: Request) -> Conversation:

@@ -18,6 +18,7 @@ from fastapi import Request, Response
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from ortserve.engine.reasoning import effort_budget
 from ortserve.errors import InvalidRequest, OrtServeError
 from ortserve.server.protocol import _Contract, _refuse
 from ortserve.server.slots import parse_keep_alive
@@ -172,6 +173,10 @@ class _Generating(_Contract):
     def thinking(self) -> bool | None:
         """False turns a thinking model's reasoning off; True and the levels leave it on."""
         return False if self.think is False else None
+
+    def reasoning_budget(self) -> int | None:
+        """The levels bound the reasoning as reasoning_effort's do (EFFORT_BUDGETS); True: no bound."""
+        return effort_budget(self.think) if isinstance(self.think, str) else None
 
     def max_tokens(self, cap: int) -> int | None:
         n = self.options.num_predict if self.options else None

@@ -48,6 +48,7 @@ def turn_of(body: ChatCompletionRequest) -> ChatTurn:
                     response_format=body.response_format, functions=body.functions,
                     function_call=body.function_call, n=body.n, logprobs=body.logprobs_count(),
                     keep_alive=body.keep_alive, thinking=body.thinking(), thinking_param=body.thinking_param(),
+                    reasoning_budget=body.reasoning_budget(),
                     names={"max_tokens": "max_completion_tokens"} if body.max_completion_tokens is not None else {})
 
 

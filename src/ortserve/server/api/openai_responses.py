@@ -18,6 +18,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import Field
 
+from ortserve.engine.reasoning import EFFORT_BUDGETS, effort_budget
 from ortserve.errors import InvalidRequest, NotFound, OrtServeError
 from ortserve.server.api.responses_hosted import RESULTS, file_search_events, with_hosted
 from ortserve.server.api.responses_input import choice_of, format_of, messages_of, namespaces_of, tools_of
@@ -64,8 +65,8 @@ class ResponsesRequest(_Contract):
     previous_response_id: str | None = None
     metadata: dict[str, Any] | None = None
     include: list[str] | None = None
-    # effort "none" turns a thinking model's reasoning off; the models have no other levels, so any
-    # other effort leaves it on, and a model that does not think answers the same (docs/agents.md)
+    # effort "none" turns a thinking model's reasoning off; the other levels bound it (EFFORT_BUDGETS in
+    # engine/reasoning.py), and a model that does not think answers the same (docs/reasoning.md)
     reasoning: dict[str, Any] | None = None
     truncation: Literal["disabled"] | None = None
     keep_alive: float | str | None = None  # ortserve extension, as on chat completions
@@ -103,10 +104,19 @@ def turn_of(body: ResponsesRequest, history: list[dict[str, Any]]) -> ChatTurn:
                     max_tokens=body.max_output_tokens, tools=tools_of(body.tools),
                     tool_choice=choice_of(body.tool_choice), parallel_tool_calls=body.parallel_tool_calls,
                     response_format=format_of(body.text), keep_alive=body.keep_alive,
-                    thinking=False if (body.reasoning or {}).get("effort") == "none" else None,
-                    thinking_param="reasoning.effort",
+                    thinking=False if effort_of(body.reasoning) == "none" else None,
+                    thinking_param="reasoning.effort", reasoning_budget=effort_budget(effort_of(body.reasoning)),
                     names={"max_tokens": "max_output_tokens", "response_format": "text.format",
                            "messages": "input"})
+
+
+def effort_of(reasoning: dict[str, Any] | None) -> str | None:
+    """``reasoning.effort``: "none" turns a thinking model's reasoning off, the others bound it (EFFORT_BUDGETS)."""
+    effort = (reasoning or {}).get("effort")
+    if effort is not None and effort != "none" and effort not in EFFORT_BUDGETS:
+        raise InvalidRequest(f"'reasoning.effort' must be one of none, {', '.join(EFFORT_BUDGETS)}; got {effort!r}",
+                             param="reasoning.effort")
+    return effort  # type: ignore[no-any-return]
 
 
 def store_of(st: ServerState) -> ResponseStore:
