@@ -89,3 +89,17 @@ def embedding_model() -> Path:
     return ensure_default_embedding(ModelStore(load_settings().store_dir), subprocess_import=False).path
 
 
+
+
+@pytest.fixture(scope="session")
+def whisper_base() -> Path:
+    """The real Whisper-base from its PyPI packages, imported into ORTSERVE_HOME once (espeak-ng
+    installed for the speech the audio tests make)."""
+    from tests.audio_material import ensure_espeak
+
+    from ortserve.config import load_settings
+    from ortserve.models.store import ModelStore
+    from ortserve.models.whisper_import import import_packaged
+
+    ensure_espeak()
+    return import_packaged(ModelStore(load_settings().store_dir)).path

@@ -10,21 +10,11 @@ from pathlib import Path
 
 import openai
 import pytest
-from tests.audio_material import ensure_espeak, sentences_apart, speech_wav
+from tests.audio_material import sentences_apart, speech_wav
 from tests.servers import ServerThread
 
 from ortserve.audio.speech import phrases
 from ortserve.audio.wer import wer
-
-
-@pytest.fixture(scope="session")
-def whisper_base() -> Path:
-    from ortserve.config import load_settings
-    from ortserve.models.store import ModelStore
-    from ortserve.models.whisper_import import import_packaged
-
-    ensure_espeak()
-    return import_packaged(ModelStore(load_settings().store_dir)).path
 
 
 @pytest.fixture(scope="module")
