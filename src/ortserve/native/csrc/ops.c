@@ -41,7 +41,8 @@ typedef struct {
   size_t act_bytes; /* bytes of one quantized activation row */
 } GgufKernel;
 
-static OrtStatus *read_attr(const OrtApi *api, const OrtKernelInfo *info, const char *op, const char *name, int64_t *out) {
+static OrtStatus *read_attr(const OrtApi *api, const OrtKernelInfo *info, const char *op, const char *name,
+                            int64_t *out) {
   OrtStatus *status = api->KernelInfoGetAttribute_int64(info, name, out);
   if (status == NULL) return NULL;
   api->ReleaseStatus(status);
@@ -58,14 +59,16 @@ static OrtStatus *create_kernel(const GgufOp *g, const OrtKernelInfo *info, void
   RETURN_IF_ERROR(read_attr(api, info, op, "K", &k));
   RETURN_IF_ERROR(read_attr(api, info, op, gather ? "V" : "N", &rows));
   if (type < 0 || type > 1000 || !osg_supported((int)type))
-    return osg_fail(api, OSG_ORT_NOT_IMPLEMENTED, "%s: ggml type %lld is not supported", op, (long long)type);
+    return osg_fail(api, OSG_ORT_NOT_IMPLEMENTED, "%s: ggml type %lld is not supported", op,
+                    (long long)type);
   int64_t block = osg_block_elems((int)type);
   if (k <= 0 || block <= 0 || k % block != 0)
-    return osg_fail(api, OSG_ORT_INVALID_ARGUMENT, "%s: K=%lld is not a positive multiple of %lld (ggml type %lld)",
-                op, (long long)k, (long long)block, (long long)type);
+    return osg_fail(api, OSG_ORT_INVALID_ARGUMENT,
+                    "%s: K=%lld is not a positive multiple of %lld (ggml type %lld)", op, (long long)k,
+                    (long long)block, (long long)type);
   if (rows <= 0)
     return osg_fail(api, OSG_ORT_INVALID_ARGUMENT, "%s: %s=%lld must be positive", op, gather ? "V" : "N",
-                (long long)rows);
+                    (long long)rows);
   GgufKernel *kernel = (GgufKernel *)calloc(1, sizeof *kernel);
   if (kernel == NULL) return osg_fail(api, OSG_ORT_FAIL, "%s: out of memory", op);
   kernel->api = api;
@@ -89,21 +92,23 @@ typedef struct {
   int64_t dims[OSG_MAX_DIMS];
 } Tensor;
 
-static OrtStatus *describe(const OrtApi *api, const OrtValue *value, const char *op, const char *name, Tensor *t) {
+static OrtStatus *describe(const OrtApi *api, const OrtValue *value, const char *op, const char *name,
+                           Tensor *t) {
   OrtTensorTypeAndShapeInfo *info = NULL;
   t->value = value;
   RETURN_IF_ERROR(api->GetTensorTypeAndShape(value, &info));
   OrtStatus *status = api->GetTensorElementType(info, &t->type);
   if (status == NULL) status = api->GetDimensionsCount(info, &t->ndim);
   if (status == NULL && t->ndim > OSG_MAX_DIMS)
-    status = osg_fail(api, OSG_ORT_INVALID_ARGUMENT, "%s: %s has %zu dimensions (at most %d)", op, name, t->ndim,
-                  OSG_MAX_DIMS);
+    status = osg_fail(api, OSG_ORT_INVALID_ARGUMENT, "%s: %s has %zu dimensions (at most %d)", op, name,
+                      t->ndim, OSG_MAX_DIMS);
   if (status == NULL) status = api->GetDimensions(info, t->dims, t->ndim);
   api->ReleaseTensorTypeAndShapeInfo(info);
   return status;
 }
 
-static OrtStatus *input(const OrtApi *api, OrtKernelContext *ctx, size_t index, const char *op, const char *name, Tensor *t) {
+static OrtStatus *input(const OrtApi *api, OrtKernelContext *ctx, size_t index, const char *op,
+                        const char *name, Tensor *t) {
   const OrtValue *value = NULL;
   RETURN_IF_ERROR(api->KernelContext_GetInput(ctx, index, &value));
   if (value == NULL) return osg_fail(api, OSG_ORT_INVALID_ARGUMENT, "%s: input %s is missing", op, name);
@@ -125,8 +130,8 @@ static int64_t leading_rows(const Tensor *t, size_t keep) {
 
 /* Runs fn(user, i) for i in [0, total) on ORT's intra-op pool, or in this thread when the API
  * has no ParallelFor (onnxruntime 1.16) or there is one task. */
-static OrtStatus *parallel_for(const GgufKernel *kn, OrtKernelContext *ctx, void (*fn)(void *, size_t), size_t total,
-                               void *user) {
+static OrtStatus *parallel_for(const GgufKernel *kn, OrtKernelContext *ctx, void (*fn)(void *, size_t),
+                               size_t total, void *user) {
   if (kn->parallel && total > 1) return kn->api->KernelContext_ParallelFor(ctx, fn, total, 0, user);
   for (size_t i = 0; i < total; i++) fn(user, i);
   return NULL;
@@ -185,10 +190,11 @@ static OrtStatus *matmul_compute(const GgufKernel *kn, OrtKernelContext *ctx) {
   if (x.type != OSG_TENSOR_FLOAT || w.type != OSG_TENSOR_UINT8)
     return osg_fail(api, OSG_ORT_INVALID_ARGUMENT, "%s: X must be float and W uint8", op);
   if (x.ndim < 1 || x.dims[x.ndim - 1] != kn->k)
-    return osg_fail(api, OSG_ORT_INVALID_ARGUMENT, "%s: X's last dimension must be K=%lld", op, (long long)kn->k);
+    return osg_fail(api, OSG_ORT_INVALID_ARGUMENT, "%s: X's last dimension must be K=%lld", op,
+                    (long long)kn->k);
   if (w.ndim != 2 || w.dims[0] != kn->rows || w.dims[1] != (int64_t)kn->row_bytes)
     return osg_fail(api, OSG_ORT_INVALID_ARGUMENT, "%s: W must be [N=%lld, %zu] (ggml type %d, K=%lld)", op,
-                (long long)kn->rows, kn->row_bytes, kn->type, (long long)kn->k);
+                    (long long)kn->rows, kn->row_bytes, kn->type, (long long)kn->k);
   int64_t dims[OSG_MAX_DIMS];
   memcpy(dims, x.dims, x.ndim * sizeof dims[0]);
   dims[x.ndim - 1] = kn->rows;
@@ -204,7 +210,8 @@ static OrtStatus *matmul_compute(const GgufKernel *kn, OrtKernelContext *ctx) {
   if (status == NULL) work.y = (float *)data_of(api, out, &status);
   if (status != NULL) return status;
   work.xq = (uint8_t *)malloc((size_t)work.m * kn->act_bytes + 64);
-  if (work.xq == NULL) return osg_fail(api, OSG_ORT_FAIL, "%s: out of memory for %lld quantized rows", op, (long long)work.m);
+  if (work.xq == NULL)
+    return osg_fail(api, OSG_ORT_FAIL, "%s: out of memory for %lld quantized rows", op, (long long)work.m);
   if (work.m >= 4) {
     status = parallel_for(kn, ctx, quantize_task, (size_t)work.m, &work);
   } else {
@@ -228,7 +235,8 @@ typedef struct {
 static void gather_task(void *user, size_t i) {
   const GatherWork *work = (const GatherWork *)user;
   const GgufKernel *kn = work->kernel;
-  osg_dequant_row(kn->type, work->w + (size_t)work->ids[i] * kn->row_bytes, work->y + (int64_t)i * kn->k, kn->k);
+  osg_dequant_row(kn->type, work->w + (size_t)work->ids[i] * kn->row_bytes, work->y + (int64_t)i * kn->k,
+                  kn->k);
 }
 
 static OrtStatus *gather_compute(const GgufKernel *kn, OrtKernelContext *ctx) {
@@ -242,7 +250,7 @@ static OrtStatus *gather_compute(const GgufKernel *kn, OrtKernelContext *ctx) {
     return osg_fail(api, OSG_ORT_INVALID_ARGUMENT, "%s: W must be uint8 and ids int64", op);
   if (w.ndim != 2 || w.dims[0] != kn->rows || w.dims[1] != (int64_t)kn->row_bytes)
     return osg_fail(api, OSG_ORT_INVALID_ARGUMENT, "%s: W must be [V=%lld, %zu] (ggml type %d, K=%lld)", op,
-                (long long)kn->rows, kn->row_bytes, kn->type, (long long)kn->k);
+                    (long long)kn->rows, kn->row_bytes, kn->type, (long long)kn->k);
   if (ids.ndim >= OSG_MAX_DIMS)
     return osg_fail(api, OSG_ORT_INVALID_ARGUMENT, "%s: ids has too many dimensions", op);
   int64_t dims[OSG_MAX_DIMS];

@@ -142,8 +142,9 @@ OSG_EXPORT OrtStatus *OSG_ORT_CALL RegisterCustomOps(OrtSessionOptions *options,
                                 "ortserve.gguf ops need onnxruntime >= 1.16 (C API version 16)");
   }
   int rt = runtime_index(api, parallel);
-  if (rt < 0) return osg_fail(api, OSG_ORT_FAIL, "ortserve.gguf: more than %d onnxruntime builds in one process",
-                          OSG_MAX_RUNTIMES);
+  if (rt < 0)
+    return osg_fail(api, OSG_ORT_FAIL, "ortserve.gguf: more than %d onnxruntime builds in one process",
+                    OSG_MAX_RUNTIMES);
   OrtCustomOpDomain *domain = NULL;
   RETURN_IF_ERROR(api->CreateCustomOpDomain(OSG_DOMAIN, &domain));
   RETURN_IF_ERROR(api->CustomOpDomain_Add(domain, &g_runtimes[rt].matmul.op));
