@@ -6,6 +6,7 @@ anthropic clients, streamed and not; bad images are 400s naming the field and th
 from __future__ import annotations
 
 import base64
+import functools
 import io
 import struct
 import zlib
@@ -70,12 +71,20 @@ def srv(tiny_model: Path, vision: tuple[Path, Path, Variant]):
         yield s
 
 
+@functools.cache
+def hf_model(hf: Path) -> Any:
+    import torch
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    return Qwen2_5_VLForConditionalGeneration.from_pretrained(str(hf), dtype=torch.float32).eval()
+
+
 def hf_logits(hf: Path, ids: np.ndarray, images: list[Any]) -> np.ndarray:
     import torch
-    from transformers import AutoImageProcessor, Qwen2_5_VLForConditionalGeneration
+    from transformers import AutoImageProcessor
 
     proc = AutoImageProcessor.from_pretrained(str(hf))(images=images, return_tensors="pt")
-    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(str(hf), dtype=torch.float32).eval()
+    model = hf_model(hf)
     with torch.no_grad():
         out = model(input_ids=torch.from_numpy(ids).long(), pixel_values=proc["pixel_values"],
                     image_grid_thw=proc["image_grid_thw"])
@@ -208,3 +217,16 @@ def test_too_many_images_and_text_only_model_are_400s(srv: ServerThread) -> None
     r = post_chat(srv, data_url(png()), model="tiny")
     assert r.status_code == 400 and r.json()["error"]["param"] == "messages.0.content.1.image_url.url"
     assert "reads text only" in r.json()["error"]["message"]
+
+
+def test_a_repeated_image_is_not_encoded_again(srv: ServerThread, client: openai.OpenAI) -> None:
+    kw: dict[str, Any] = {"model": MODEL, "messages": chat_messages(png(seed=7)), "max_tokens": 2, "temperature": 0}
+    first = client.chat.completions.create(**kw)
+    holder = srv.state.vision
+    encoder = holder.get(holder.variant(MODEL)).vision.encoder
+    runs, hits = encoder.runs, encoder.hits
+    again = client.chat.completions.create(**kw)
+    assert encoder.runs == runs and encoder.hits == hits + 1   # same bytes, same sha256: features from the cache
+    assert again.choices[0].message.content == first.choices[0].message.content
+    client.chat.completions.create(**{**kw, "messages": chat_messages(png(seed=8))})
+    assert encoder.runs == runs + 1

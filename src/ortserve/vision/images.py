@@ -94,6 +94,7 @@ class Decoded:
     height: int
     format: str
     rgb: object  # a PIL.Image.Image in mode RGB, fully loaded
+    sha256: str = ""  # of the bytes as sent: the vision features' cache key (vision/features.py)
 
 
 def decode(image: ImageInput, limits: ImageLimits) -> Decoded:
@@ -121,7 +122,7 @@ def decode(image: ImageInput, limits: ImageLimits) -> Decoded:
         raise _bad(param, f"is not an image (send one of {', '.join(FORMATS)})", code="invalid_image_format") from None
     except (OSError, SyntaxError, ValueError) as exc:  # truncated or corrupt data
         raise _bad(param, f"could not be decoded: {exc} (truncated or corrupt)") from None
-    return Decoded(width, height, img.format or "", rgb)
+    return Decoded(width, height, img.format or "", rgb, image.sha256)
 
 
 def _too_many_pixels(param: str, width: int, height: int, limits: ImageLimits) -> InvalidRequest:

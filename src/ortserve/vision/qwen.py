@@ -56,6 +56,12 @@ def smart_resize(height: int, width: int, pre: Preprocess, param: str = "image")
     return h, w
 
 
+def grid(width: int, height: int, pre: Preprocess, param: str = "image") -> tuple[int, int, int]:
+    """The (t, h, w) patch grid an image of this size becomes."""
+    h, w = smart_resize(height, width, pre, param)
+    return 1, h // pre.patch, w // pre.patch
+
+
 def patches(rgb: object, pre: Preprocess, param: str = "image") -> tuple[np.ndarray, tuple[int, int, int]]:
     """One RGB PIL image -> (pixel_values [patches, 3*2*14*14] float32, its grid (t, h, w))."""
     from PIL import Image

@@ -7,9 +7,8 @@ mRoPE positions, which og computes from the grid). ortserve prepares the inputs 
 prompt to the image's token count.
 
 This is the first step the issue allows: og's own generator, one image request at a time
-(``lock``), beside the batched text engine. og 0.18 runs the vision graph inside
-``Generator.set_inputs`` and takes no precomputed image features, so a repeated image is encoded
-again; docs/vision.md says what would lift that.
+(``lock``), beside the batched text engine. The vision encoder runs in ortserve (features.py) so
+its features are cached by image hash; og gets them through a pass-through vision graph.
 """
 
 from __future__ import annotations
@@ -26,6 +25,7 @@ import numpy as np
 
 from ortserve.errors import InvalidRequest, ModelError
 from ortserve.vision import qwen
+from ortserve.vision.features import PASSTHROUGH, Encoder, passthrough_graph
 from ortserve.vision.images import Decoded
 
 VISION_START, IMAGE_PAD, VISION_END = "<|vision_start|>", "<|image_pad|>", "<|vision_end|>"
@@ -66,9 +66,16 @@ class VisionModel:
         self.notes: dict[str, Any] = json.loads(notes_path.read_text(encoding="utf-8"))
         self.pre = qwen.Preprocess.from_config(self.notes.get("preprocess", {}))
         self.og = og
-        self.model = og.Model(str(self.dir))
-        self.tokenizer = og.Tokenizer(self.model)
         gc = json.loads((self.dir / "genai_config.json").read_text(encoding="utf-8"))["model"]
+        vis = gc["vision"]
+        out = vis.get("outputs", {}).get("image_features", "image_features")
+        self.encoder = Encoder(self.dir / vis["filename"], vis.get("inputs", {}), out)
+        cfg = og.Config(str(self.dir))   # og gets the pass-through graph; ortserve runs the encoder (features.py)
+        cfg.add_model_data(PASSTHROUGH, passthrough_graph(vis.get("inputs", {}), out, self.encoder.width,
+                                                          self.pre.merge))
+        cfg.overlay(json.dumps({"model": {"vision": {"filename": PASSTHROUGH}}}))
+        self.model = og.Model(cfg)
+        self.tokenizer = og.Tokenizer(self.model)
         self.context = int(gc.get("context_length", 4096))
         eos = gc.get("eos_token_id", [])
         self.eos = set(eos if isinstance(eos, list) else [eos])
@@ -85,8 +92,9 @@ class VisionModel:
         pixel, grids, text, rest = [], [], [], prompt
         for image, param in zip(images, params, strict=True):
             head, _, rest = rest.partition(MARKER)
-            pv, grid = qwen.patches(image.rgb, self.pre, param)
-            pixel.append(pv)
+            grid = qwen.grid(image.width, image.height, self.pre, param)
+            pixel.append(self.encoder.features(image.sha256, lambda i=image, p=param: qwen.patches(i.rgb, self.pre, p)[0],
+                                               grid))
             grids.append(grid)
             text.append(head + VISION_START + IMAGE_PAD * qwen.image_tokens(grid, self.pre) + VISION_END)
         ids = np.asarray(self.tokenizer.encode("".join(text) + rest), dtype=np.int32)[None]
@@ -97,7 +105,8 @@ class VisionModel:
         named = self.og.NamedTensors()
         named["input_ids"] = ids
         if images:
-            named["pixel_values"] = np.concatenate(pixel)
+            rows = self.pre.merge * self.pre.merge   # one row per patch, as og counts them (features.py)
+            named["pixel_values"] = np.concatenate(pixel).reshape(-1, self.encoder.width // rows)
             named["image_grid_thw"] = np.asarray(grids, dtype=np.int64)
             named["num_image_tokens"] = np.asarray([sum(qwen.image_tokens(g, self.pre) for g in grids)],
                                                    dtype=np.int64)

@@ -1,0 +1,78 @@
+"""The vision encoder on onnxruntime, with its features cached by image hash.
+
+og 0.18 runs the vision graph inside ``Generator.set_inputs`` and takes no precomputed features.
+So ortserve runs the model's real encoder itself (one onnxruntime session), keeps each image's
+features by the sha256 of its bytes, and gives og a pass-through vision graph (built in memory,
+``Identity``) whose "pixel_values" are those features: a repeated image (an agent loop that sends
+the same screenshot each turn) costs no encoder run, and og still places the features and computes
+Qwen's mRoPE positions from ``image_grid_thw`` as before.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+PASSTHROUGH = "vision_passthrough.onnx"   # the in-memory graph og loads in place of the encoder
+
+
+def passthrough_graph(names: dict[str, str], out: str, width: int, merge: int) -> bytes:
+    """An ONNX graph: image_features = pixel_values reshaped to [tokens, width]; the grid is taken, unused.
+
+    og checks that "pixel_values" has one row per patch of ``image_grid_thw`` (and splits them per
+    image by that count), so the features go in as [patches, width / merge^2], a reshape of
+    [tokens, width] (one token per merge x merge patches), and come back out whole."""
+    from onnx import TensorProto, helper
+
+    pv, grid = names.get("pixel_values", "pixel_values"), names.get("image_grid_thw", "image_grid_thw")
+    shape = helper.make_tensor("shape", TensorProto.INT64, [2], [-1, width])
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", [pv, "shape"], [out])], "vision_passthrough",
+        [helper.make_tensor_value_info(pv, TensorProto.FLOAT, ["patches", width // (merge * merge)]),
+         helper.make_tensor_value_info(grid, TensorProto.INT64, ["images", 3])],
+        [helper.make_tensor_value_info(out, TensorProto.FLOAT, ["image_tokens", width])], initializer=[shape])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return bytes(model.SerializeToString())
+
+
+class Encoder:
+    """The real vision graph and the feature cache (least recently used out, past ``max_bytes``)."""
+
+    def __init__(self, path: Path, names: dict[str, str], out: str, max_bytes: int = 256 << 20) -> None:
+        import onnxruntime as ort
+
+        self.session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        self.names, self.out = names, out
+        self.max_bytes = max_bytes
+        self.cache: OrderedDict[str, np.ndarray] = OrderedDict()
+        self.bytes = 0
+        self.runs = 0     # encoder runs (a cached image adds none)
+        self.hits = 0
+        self._lock = threading.Lock()
+        width = self.session.get_outputs()[0].shape[-1]
+        self.width = int(width) if isinstance(width, int) else 0
+
+    def features(self, key: str, pixel_values: Any, grid: tuple[int, int, int]) -> np.ndarray:
+        """One image's features; ``pixel_values`` is a callable run only on a cache miss."""
+        with self._lock:
+            if key and key in self.cache:
+                self.cache.move_to_end(key)
+                self.hits += 1
+                return self.cache[key]
+        feeds = {self.names.get("pixel_values", "pixel_values"): pixel_values(),
+                 self.names.get("image_grid_thw", "image_grid_thw"): np.asarray([grid], dtype=np.int64)}
+        out = self.session.run([self.out], feeds)[0].astype(np.float32, copy=False)
+        with self._lock:
+            self.runs += 1
+            if key and out.nbytes <= self.max_bytes:
+                self.cache[key] = out
+                self.bytes += out.nbytes
+                while self.bytes > self.max_bytes:
+                    _, old = self.cache.popitem(last=False)
+                    self.bytes -= old.nbytes
+        return out
