@@ -59,6 +59,8 @@ def resolve(store: ModelStore, ref: str | None, device: str = "cpu",
     ``have`` replaces the probe of this machine's providers (tests fake a GPU with it).
     """
     ref = (ref or DEFAULT_MODEL).strip()
+    if not ref:   # Path("") is the current directory: never a model by accident
+        raise NotFound("the model name is blank", param="model", hint="see `ortserve models list`")
     build_device = build_device_for(device, have)
     as_path = Path(ref).expanduser()
     if as_path.is_dir():

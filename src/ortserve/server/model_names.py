@@ -21,6 +21,9 @@ def resolve_store_model(settings: Any, name: str, loaded: list[str]) -> tuple[Pa
     from ortserve.models.store import ModelStore
 
     served = ", ".join(loaded) or "none"
+    if not name.strip():   # the store's resolver strips it to "", which is the current directory
+        raise NotFound(f"The model {name!r} does not exist: the name is blank (loaded: {served})",
+                       param="model", code="model_not_found")
     if looks_like_path(name):
         raise NotFound(f"The model '{name}' does not exist: requests name store models, not paths "
                        f"(loaded: {served})", param="model", code="model_not_found")
