@@ -258,7 +258,8 @@ async def run(url: str, pid: int, args: argparse.Namespace) -> dict[str, Any]:
     for key, v in mix.status.items():
         by_status[key.rsplit(" ", 1)[1]] += v
     return {
-        "minutes": args.minutes, "scale": n, "kv_cache_mb": args.kv_cache_mb, "max_tokens": args.max_tokens, "warmup_s": args.warmup,
+        "minutes": args.minutes, "scale": n, "kv_cache_mb": args.kv_cache_mb, "max_tokens": args.max_tokens,
+        "warmup_s": args.warmup,
         "requests": sum(mix.status.values()), "by_status": dict(sorted(by_status.items())),
         "by_route": dict(sorted(mix.status.items())), "work_done": dict(mix.done),
         "errors": len(mix.errors), "error_samples": mix.errors[:20],
@@ -273,6 +274,27 @@ async def run(url: str, pid: int, args: argparse.Namespace) -> dict[str, Any]:
         "samples": [(round(t), round(m, 1)) for t, m in samples],
         "prefix_cache_mb": [round(m, 1) for m in cache],
     }
+
+
+def steady(result: dict[str, Any]) -> dict[str, Any]:
+    """Drift once the prefix cache is full (its bytes first within 5% of their maximum, and not before
+    the warm-up ends), and the drift of RSS less the cache's bytes over the whole time after the
+    warm-up: growth that is neither the cache filling its budget nor gone again is a leak."""
+    samples, cache = result["samples"], result["prefix_cache_mb"]
+    pairs = [(t, m, c) for (t, m), c in zip(samples, cache, strict=False) if c >= 0 and t >= result["warmup_s"]]
+    if len(pairs) < 2:
+        return {}
+    top = max(c for _, _, c in pairs)
+    full = next(i for i, (_, _, c) in enumerate(pairs) if c >= 0.95 * top)
+    t_full, m_full, _ = pairs[full]
+    rest = pairs[full:]
+    rss_less = [m - c for _, m, c in pairs]
+    return {"prefix_cache_full_at_s": t_full, "prefix_cache_max_mb": top,
+            "rss_at_cache_full_mb": m_full, "rss_end_mb": rest[-1][1],
+            "drift_after_cache_full_pct": round(100 * (rest[-1][1] - m_full) / m_full, 2),
+            "max_drift_after_cache_full_pct": round(100 * (max(m for _, m, _ in rest) - m_full) / m_full, 2),
+            "rss_less_cache_mb_after_warmup_and_end": [round(rss_less[0], 1), round(rss_less[-1], 1)],
+            "rss_less_cache_drift_pct": round(100 * (rss_less[-1] - rss_less[0]) / rss_less[0], 2)}
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
@@ -311,7 +333,11 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=8791)
     ap.add_argument("--plot", type=Path, default=None)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--summarize", type=Path, default=None, help="only recompute the steady-state figures of a saved run")
     args = ap.parse_args()
+    if args.summarize:
+        emit(steady(json.loads(args.summarize.read_text(encoding="utf-8"))))
+        return
     path, model_id = model_dir(args.model)
     home = Path(tempfile.mkdtemp(prefix="soak-mix-home-"))
     for variant in path.parent.glob("all-minilm-l6-v2--*"):
@@ -328,6 +354,7 @@ def main() -> None:
                   **asyncio.run(run(url, server.pid, args))}
         cpu = psutil.Process(server.pid).cpu_times()
         result["server_cpu_s"] = round(cpu.user + cpu.system)
+        result["steady"] = steady(result)
     finally:
         server.terminate()
         server.wait(30)
