@@ -126,11 +126,13 @@ def dequantize(t: int, rows: np.ndarray | bytes, k: int) -> np.ndarray:
 @dataclass
 class Act:
     """Quantized activation rows: (m, nb) scales, (m, nb, elems) int8 values, (m, nb, groups) sums
-    (one per 32-block, sixteen per 256-block: the sum of each 16)."""
+    (one per 32-block, sixteen per 256-block: the sum of each 16). In the C layout of a 32-family row
+    the nb scales come first, then the nb values of s, then the blocks of 32 int8."""
 
     d: np.ndarray
     q: np.ndarray
     sums: np.ndarray
+    s: np.ndarray    # (m, nb) float32 d * sum of the block's values (the 32-families' minimum term)
 
 
 def quantize_act(t: int, x: np.ndarray) -> Act:
@@ -143,7 +145,7 @@ def quantize_act(t: int, x: np.ndarray) -> Act:
     q = np.clip(np.rint(x * inv[..., None]), -127, 127).astype(np.int32)
     groups = 1 if be == 32 else 16
     sums = q.reshape(*q.shape[:-1], groups, -1).sum(-1)
-    return Act(d, q, sums)
+    return Act(d, q, sums, (d * sums[..., 0].astype(F32)).astype(F32))
 
 
 def block_terms(t: int, x: Decoded, a: Act) -> np.ndarray:
@@ -155,7 +157,7 @@ def block_terms(t: int, x: Decoded, a: Act) -> np.ndarray:
     if t == Q8_0:
         return ds * qa.astype(F32)
     if t in (Q4_1, Q5_1):
-        return ds * qa.astype(F32) + (x.m[:, None, :] * a.d[None, :, :]) * a.sums[None, :, :, 0].astype(F32)
+        return ds * qa.astype(F32) + x.m[:, None, :] * a.s[None, :, :]
     n, nb = x.q.shape[:2]
     m = a.q.shape[0]
     if t in (Q4_K, Q5_K):
@@ -174,8 +176,9 @@ def block_terms(t: int, x: Decoded, a: Act) -> np.ndarray:
 def abs_terms(t: int, x: Decoded, a: Act) -> np.ndarray:
     """(n, m, nb): a bound on the absolute values that any order of summing a block's products may
     pass through: |scales| times the sum of |weight| * |activation| per element, where a weight's
-    offset (8, 16, or 32 for Q6_K, which the SIMD paths apply as a separate sum) counts on its own."""
-    off = {Q4_0: 8, Q5_0: 16, Q6_K: 32}.get(t, 0)
+    offset (8, 16, 32 for Q6_K, 128 for Q8_0 as VNNI takes it unsigned: the SIMD paths apply it as a
+    separate sum) counts on its own."""
+    off = {Q4_0: 8, Q5_0: 16, Q6_K: 32, Q8_0: 128}.get(t, 0)
     ds = np.abs(x.d[:, None, :] * a.d[None, :, :]).astype(np.float64)
     qa = np.abs(x.q).astype(np.float64) + off
     aa = np.abs(a.q).astype(np.float64)

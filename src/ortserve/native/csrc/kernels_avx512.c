@@ -19,7 +19,18 @@
 
 V512_INLINE float f16(uint16_t h) { return _cvtsh_ss(h); }
 
-V512_INLINE float hsum256(__m256 v) {
+V512_INLINE __m256i dot_vnni(__m256i u, __m256i a) {
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, a);
+}
+
+V512_INLINE int hsum_epi32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
+}
+
+V512_INLINE float hsum_ps(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
@@ -42,53 +53,117 @@ V512_INLINE __m256i fifth_bits(const uint8_t *qh4) {
 
 /* ---------------- the 32-families: kind 0 Q4_0, 1 Q4_1, 2 Q5_0, 3 Q5_1, 4 Q8_0 ---------------- */
 
-/* One block against R activation rows, into one of two sets of accumulators: consecutive blocks
- * alternate sets so that the fmadd chains of two blocks overlap (one chain would wait its latency). */
-V512_INLINE void block32(int kind, const uint8_t *w, const uint8_t *a, size_t astride, int R, int64_t i,
-                         __m256 *acc, float *accm) {
-    const int unsig = kind == 1 || kind == 3;
-    __m256i q;
-    float d = f16(*(const uint16_t *)w), m = 0.0f;
+/* ---- the 32-families, eight blocks at a time ----
+ * Eight blocks are unpacked once (to a buffer in L1) for all R activation rows; per row, their eight
+ * int32 lane vectors fold into one vector of eight block sums (hadd tree), which meets the eight weight
+ * scales (one gather) times the row's eight activation scales (one load: the row keeps its scales as an
+ * array) in one fmadd, and the minimum term m * s in one more. A last group of under eight blocks goes
+ * one block at a time. kind 0 Q4_0 (signed q-8), 1 Q4_1, 2 Q5_0 (signed q-16), 3 Q5_1, 4 Q8_0. */
+
+/* block j's 32 weights, in element order (signed for kinds 0, 2, 4) */
+V512_INLINE __m256i weights32(int kind, const uint8_t *w) {
     switch (kind) {
-    case 0: q = _mm256_sub_epi8(nibbles32(w + 2), _mm256_set1_epi8(8)); break;
-    case 1: q = nibbles32(w + 4); m = f16(*(const uint16_t *)(w + 2)); break;
-    case 2: q = _mm256_sub_epi8(_mm256_or_si256(nibbles32(w + 6), fifth_bits(w + 2)), _mm256_set1_epi8(16)); break;
-    case 3: q = _mm256_or_si256(nibbles32(w + 8), fifth_bits(w + 4)); m = f16(*(const uint16_t *)(w + 2)); break;
-    default: q = _mm256_loadu_si256((const __m256i *)(w + 2)); break;
+    case 0: return _mm256_sub_epi8(nibbles32(w + 2), _mm256_set1_epi8(8));
+    case 1: return nibbles32(w + 4);
+    case 2: return _mm256_sub_epi8(_mm256_or_si256(nibbles32(w + 6), fifth_bits(w + 2)), _mm256_set1_epi8(16));
+    case 3: return _mm256_or_si256(nibbles32(w + 8), fifth_bits(w + 4));
+    default: return _mm256_loadu_si256((const __m256i *)(w + 2));
     }
-    /* signed weights: |w| against a with w's sign (|-128| = 128 is a valid u8) */
-    __m256i qu = unsig ? q : _mm256_abs_epi8(q);
-    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
-        const act32 *y = (const act32 *)(a + r * astride) + i;
-        __m256i av = _mm256_loadu_si256((const __m256i *)y->qs);
-        if (!unsig) av = _mm256_sign_epi8(av, q);
-        __m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), qu, av);
-        acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * y->d), _mm256_cvtepi32_ps(s), acc[r]);
-        if (unsig) accm[r] += (m * y->d) * (float)y->sum;
+}
+
+/* eight blocks' fp16 scale (and, with_m, the fp16 after it: the minimum of Q4_1/Q5_1) as floats */
+V512_INLINE void scales8(const uint8_t *w, int bb, int with_m, __m256 *d, __m256 *m) {
+#define H(j, o) (short)*(const uint16_t *)(w + (j) * bb + (o))
+    *d = _mm256_cvtph_ps(_mm_setr_epi16(H(0, 0), H(1, 0), H(2, 0), H(3, 0), H(4, 0), H(5, 0), H(6, 0), H(7, 0)));
+    if (with_m)
+        *m = _mm256_cvtph_ps(_mm_setr_epi16(H(0, 2), H(1, 2), H(2, 2), H(3, 2), H(4, 2), H(5, 2), H(6, 2), H(7, 2)));
+#undef H
+}
+
+/* eight vectors of 8 int32 -> one vector of their eight sums */
+V512_INLINE __m256i sums8(const __m256i *s) {
+    __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
+    __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(s[4], s[5]), _mm256_hadd_epi32(s[6], s[7]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
+}
+
+/* the same weights offset to be unsigned (q + off), for the group path: Q4_0 +8, Q5_0 +16, Q8_0 +128 */
+V512_INLINE __m256i weights32u(int kind, const uint8_t *w) {
+    switch (kind) {
+    case 0: return nibbles32(w + 2);
+    case 2: return _mm256_or_si256(nibbles32(w + 6), fifth_bits(w + 2));
+    case 4: return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(w + 2)), _mm256_set1_epi8((char)0x80));
+    default: return weights32(kind, w);
     }
 }
 
 V512_INLINE void rows32(int kind, int64_t nb, const uint8_t *w, const uint8_t *a, size_t astride, int R,
                         float *out, int64_t ostride) {
     static const int bytes[5] = {18, 20, 22, 24, 34};
-    const int bb = bytes[kind];
-    __m256 acc0[RMAX], acc1[RMAX];
-    float accm0[RMAX], accm1[RMAX];
+    const int bb = bytes[kind], unsig = kind == 1 || kind == 3;
+    __m256 acc[RMAX];
+    float tail[RMAX];
+    act32_row y[RMAX];
     _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
-        acc0[r] = acc1[r] = _mm256_setzero_ps();
-        accm0[r] = accm1[r] = 0.0f;
+        acc[r] = _mm256_setzero_ps();
+        tail[r] = 0.0f;
+        y[r] = osg_act32(a + r * astride, nb);
     }
+    /* signed weights go unsigned with their offset taken out as off * dw * s (s = da * sum of a);
+     * vpdpbusd takes q + 128 for Q8_0 without saturating */
+    static const float offs[5] = {8.0f, 0.0f, 16.0f, 0.0f, 128.0f};
+    const int signtrick = 0;
+    __m256i qu[8], qs[8];
     int64_t i = 0;
-    for (; i + 2 <= nb; i += 2, w += 2 * bb) {
-        block32(kind, w, a, astride, R, i, acc0, accm0);
-        block32(kind, w + bb, a, astride, R, i + 1, acc1, accm1);
+    for (; i + 8 <= nb; i += 8, w += 8 * bb) {
+        __m256 dw, mw = _mm256_setzero_ps();
+        scales8(w, bb, unsig, &dw, &mw);
+        if (!unsig && !signtrick) mw = _mm256_mul_ps(dw, _mm256_set1_ps(-offs[kind]));
+        _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {
+            if (signtrick) {
+                qs[j] = weights32(kind, w + j * bb);
+                qu[j] = _mm256_abs_epi8(qs[j]);
+            } else {
+                qu[j] = weights32u(kind, w + j * bb);
+            }
+        }
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+            __m256i s[8];
+            _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {
+                __m256i av = _mm256_loadu_si256((const __m256i *)(y[r].qs + 32 * (i + j)));
+                if (signtrick) av = _mm256_sign_epi8(av, qs[j]);
+                s[j] = dot_vnni(qu[j], av);
+            }
+            __m256 ds = _mm256_mul_ps(dw, _mm256_loadu_ps(y[r].d + i));
+            acc[r] = _mm256_fmadd_ps(ds, _mm256_cvtepi32_ps(sums8(s)), acc[r]);
+            if (!signtrick) acc[r] = _mm256_fmadd_ps(mw, _mm256_loadu_ps(y[r].s + i), acc[r]);
+        }
     }
-    if (i < nb) block32(kind, w, a, astride, R, i, acc0, accm0);
-    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
-        out[r * ostride] = hsum256(_mm256_add_ps(acc0[r], acc1[r])) + (accm0[r] + accm1[r]);
+    for (; i < nb; i++, w += bb) {
+        __m256i q = weights32(kind, w), u = unsig ? q : _mm256_abs_epi8(q);
+        float d = f16(*(const uint16_t *)w), m = unsig ? f16(*(const uint16_t *)(w + 2)) : 0.0f;
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+            __m256i av = _mm256_loadu_si256((const __m256i *)(y[r].qs + 32 * i));
+            if (!unsig) av = _mm256_sign_epi8(av, q);
+            tail[r] += (d * y[r].d[i]) * (float)hsum_epi32(dot_vnni(u, av)) + m * y[r].s[i];
+        }
+    }
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) out[r * ostride] = hsum_ps(acc[r]) + tail[r];
 }
 
 /* ---------------- K-quants ---------------- */
+
+/* The 12 packed bytes of Q4_K/Q5_K scales -> one register: bytes 0-7 the 8 scales, 8-15 the 8
+ * minimums (as osg_scales_mins_k4, on four 32-bit lanes at once). Reads 16 bytes: the block goes on. */
+V512_INLINE __m128i scales_mins(const uint8_t *s) {
+    __m128i v = _mm_loadu_si128((const __m128i *)s);            /* lanes a, b, c, (next bytes) */
+    __m128i x = _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 1, 2, 0));   /* a, c, b, c */
+    __m128i y = _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 1, 0, 0));   /* a, a, b, b */
+    __m128i lo = _mm_and_si128(_mm_srlv_epi32(x, _mm_setr_epi32(0, 0, 0, 4)),
+                               _mm_setr_epi32(0x3F3F3F3F, 0x0F0F0F0F, 0x3F3F3F3F, 0x0F0F0F0F));
+    __m128i hi = _mm_and_si128(_mm_srli_epi32(y, 2), _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
+    return _mm_or_si128(lo, hi);
+}
 
 /* lanes 0-15 of the result take int16 lane lo of v, lanes 16-31 lane hi */
 V512_INLINE __m512i halves_idx(int lo, int hi) {
@@ -105,9 +180,7 @@ V512_INLINE void rows_q45k(int five, int64_t nb, const uint8_t *w, const uint8_t
     for (int64_t i = 0; i < nb; i++, w += bb) {
         const blk_q4_k *b4 = (const blk_q4_k *)w;
         const uint8_t *qs = five ? ((const blk_q5_k *)w)->qs : b4->qs;
-        uint32_t v[4];
-        osg_scales_mins_k4(b4->scales, v);
-        const __m128i scm = _mm_setr_epi32((int)v[0], (int)v[1], (int)v[2], (int)v[3]);
+        const __m128i scm = scales_mins(b4->scales);
         __m512i sc16 = _mm512_castsi128_si512(_mm_cvtepu8_epi16(scm));
         __m512i qh = five ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)((const blk_q5_k *)w)->qh))
                           : _mm512_setzero_si512();

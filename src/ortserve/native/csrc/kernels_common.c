@@ -52,7 +52,7 @@ size_t osg_row_bytes(int t, int64_t k) {
 size_t osg_act_row_bytes(int t, int64_t k) {
     int be = osg_block_elems(t);
     if (!be) return 0;
-    return (size_t)(k / be) * (be == QK ? sizeof(act32) : sizeof(act256));
+    return (size_t)(k / be) * (be == QK ? ACT32_BYTES : sizeof(act256));
 }
 
 /* ---- exact dequantization (the same float operations as gguf-py's dequantize) ---- */
@@ -186,16 +186,18 @@ static int8_t quant_one(float v) {
 }
 
 static void quant32_scalar(const float *x, void *xq, int64_t k) {
-    act32 *a = (act32 *)xq;
-    for (int64_t b = 0; b < k / QK; b++, x += QK, a++) {
+    int64_t nb = k / QK;
+    float *d = (float *)xq, *sd = d + nb;
+    int8_t *q = (int8_t *)xq + 8 * nb;
+    for (int64_t b = 0; b < nb; b++, x += QK, q += QK) {
         float inv;
-        a->d = block_scale(x, QK, &inv);
+        d[b] = block_scale(x, QK, &inv);
         int32_t s = 0;
         for (int i = 0; i < QK; i++) {
-            a->qs[i] = quant_one(x[i] * inv);
-            s += a->qs[i];
+            q[i] = quant_one(x[i] * inv);
+            s += q[i];
         }
-        a->sum = s;
+        sd[b] = d[b] * (float)s;
     }
 }
 

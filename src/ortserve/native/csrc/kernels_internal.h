@@ -19,9 +19,17 @@ typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[128]; } blk_q4
 typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[32]; uint8_t qs[128]; } blk_q5_k; /* 176 */
 typedef struct { uint8_t ql[128]; uint8_t qh[64]; int8_t scales[16]; uint16_t d; } blk_q6_k;     /* 210 */
 
-/* Activation blocks (private layout). For the 32-families: scale, the sum of the 32 int8 values
- * (for the offset / minimum terms), the values. For K-quants: the values, the sums of each 16, scale. */
-typedef struct { float d; int32_t sum; int8_t qs[32]; } act32;                        /* 40 bytes */
+/* Activation rows (private layout).
+ * 32-families: the row's nb scales d, then nb values s = d * (sum of the block's int8 values, for the
+ * minimum term of Q4_1/Q5_1), then the nb blocks of 32 int8 values: 40 bytes a block, laid out as
+ * arrays so that eight blocks' scales load as one vector (act32_row gives the three pointers).
+ * K-quants: blocks of {the values, the sums of each 16, scale}. */
+typedef struct { const float *d, *s; const int8_t *qs; } act32_row;
+static inline act32_row osg_act32(const void *row, int64_t nb) {
+    act32_row r = {(const float *)row, (const float *)row + nb, (const int8_t *)row + 8 * nb};
+    return r;
+}
+#define ACT32_BYTES 40
 typedef struct { int8_t qs[256]; int16_t bsums[16]; float d; } act256;                /* 292 bytes */
 
 _Static_assert(sizeof(blk_q4_0) == 18, "q4_0");
@@ -32,7 +40,6 @@ _Static_assert(sizeof(blk_q8_0) == 34, "q8_0");
 _Static_assert(sizeof(blk_q4_k) == 144, "q4_k");
 _Static_assert(sizeof(blk_q5_k) == 176, "q5_k");
 _Static_assert(sizeof(blk_q6_k) == 210, "q6_k");
-_Static_assert(sizeof(act32) == 40, "act32");
 _Static_assert(sizeof(act256) == 292, "act256");
 
 float osg_f16_to_f32(uint16_t h);
@@ -75,7 +82,7 @@ typedef float (*osg_dot_fn)(int64_t nb, const void *w, const void *a);
 /* the same weight row against `m` activation rows `astride` bytes apart; out[i*ostride] = dot */
 typedef void (*osg_dot_multi_fn)(int64_t nb, const void *w, const void *a, size_t astride, int64_t m,
                                  float *out, int64_t ostride);
-/* quantize one row of k floats into blocks of 32 (act32) or 256 (act256) */
+/* quantize one row of k floats into blocks of 32 (the act32 row layout) or 256 (act256) */
 typedef void (*osg_quant_fn)(const float *x, void *xq, int64_t k);
 
 typedef struct {

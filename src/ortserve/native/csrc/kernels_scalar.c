@@ -5,75 +5,48 @@
 #include "kernels_internal.h"
 
 
-static float dot_q4_0(int64_t nb, const void *w, const void *a) {
-    const blk_q4_0 *x = (const blk_q4_0 *)w;
-    const act32 *y = (const act32 *)a;
-    float s = 0.0f;
-    for (int64_t i = 0; i < nb; i++) {
-        int32_t q = 0;
-        for (int j = 0; j < 16; j++) q += (x[i].qs[j] & 0x0F) * y[i].qs[j] + (x[i].qs[j] >> 4) * y[i].qs[j + 16];
-        s += (osg_f16_to_f32(x[i].d) * y[i].d) * (float)(q - 8 * y[i].sum);
+/* The 32-families: Q4_0 (q-8)*d, Q4_1 q*d + m, Q5_0 (q-16)*d, Q5_1 q*d + m, Q8_0 q*d.
+ * Block i's integer sum times (dw * da), plus m * s for the minimum (s = da * sum of a). */
+static void weights32(int t, const uint8_t *b, int *q, float *d, float *m) {
+    uint32_t qh = 0;
+    *d = osg_f16_to_f32(*(const uint16_t *)b);
+    *m = 0.0f;
+    if (t == OSG_Q8_0) {
+        for (int j = 0; j < 32; j++) q[j] = ((const int8_t *)(b + 2))[j];
+        return;
     }
-    return s;
-}
-
-static float dot_q4_1(int64_t nb, const void *w, const void *a) {
-    const blk_q4_1 *x = (const blk_q4_1 *)w;
-    const act32 *y = (const act32 *)a;
-    float s = 0.0f;
-    for (int64_t i = 0; i < nb; i++) {
-        int32_t q = 0;
-        for (int j = 0; j < 16; j++) q += (x[i].qs[j] & 0x0F) * y[i].qs[j] + (x[i].qs[j] >> 4) * y[i].qs[j + 16];
-        s += (osg_f16_to_f32(x[i].d) * y[i].d) * (float)q + (osg_f16_to_f32(x[i].m) * y[i].d) * (float)y[i].sum;
-    }
-    return s;
-}
-
-static int32_t q5_sum(const uint8_t *qs, const uint8_t *qh4, const int8_t *a) {
-    uint32_t qh;
-    memcpy(&qh, qh4, 4);
-    int32_t q = 0;
+    const uint8_t *qs = b + (t == OSG_Q4_0 ? 2 : t == OSG_Q4_1 ? 4 : t == OSG_Q5_0 ? 6 : 8);
+    if (t == OSG_Q5_0) memcpy(&qh, b + 2, 4);
+    if (t == OSG_Q5_1) memcpy(&qh, b + 4, 4);
+    if (t == OSG_Q4_1 || t == OSG_Q5_1) *m = osg_f16_to_f32(*(const uint16_t *)(b + 2));
+    int off = t == OSG_Q4_0 ? 8 : t == OSG_Q5_0 ? 16 : 0;
     for (int j = 0; j < 16; j++) {
-        int lo = (qs[j] & 0x0F) | (int)(((qh >> j) & 1) << 4);
-        int hi = (qs[j] >> 4) | (int)(((qh >> (j + 16)) & 1) << 4);
-        q += lo * a[j] + hi * a[j + 16];
+        q[j] = ((qs[j] & 0x0F) | (int)(((qh >> j) & 1) << 4)) - off;
+        q[j + 16] = ((qs[j] >> 4) | (int)(((qh >> (j + 16)) & 1) << 4)) - off;
     }
-    return q;
 }
 
-static float dot_q5_0(int64_t nb, const void *w, const void *a) {
-    const blk_q5_0 *x = (const blk_q5_0 *)w;
-    const act32 *y = (const act32 *)a;
+static float dot32(int t, int64_t nb, const void *w, const void *a) {
+    static const int bytes[16] = {[OSG_Q4_0] = 18, [OSG_Q4_1] = 20, [OSG_Q5_0] = 22, [OSG_Q5_1] = 24, [OSG_Q8_0] = 34};
+    const uint8_t *p = (const uint8_t *)w;
+    act32_row y = osg_act32(a, nb);
     float s = 0.0f;
-    for (int64_t i = 0; i < nb; i++) {
-        int32_t q = q5_sum(x[i].qs, x[i].qh, y[i].qs);
-        s += (osg_f16_to_f32(x[i].d) * y[i].d) * (float)(q - 16 * y[i].sum);
+    for (int64_t i = 0; i < nb; i++, p += bytes[t]) {
+        int q[32];
+        float d, m;
+        weights32(t, p, q, &d, &m);
+        int32_t qa = 0;
+        for (int j = 0; j < 32; j++) qa += q[j] * y.qs[32 * i + j];
+        s += (d * y.d[i]) * (float)qa + m * y.s[i];
     }
     return s;
 }
 
-static float dot_q5_1(int64_t nb, const void *w, const void *a) {
-    const blk_q5_1 *x = (const blk_q5_1 *)w;
-    const act32 *y = (const act32 *)a;
-    float s = 0.0f;
-    for (int64_t i = 0; i < nb; i++) {
-        int32_t q = q5_sum(x[i].qs, x[i].qh, y[i].qs);
-        s += (osg_f16_to_f32(x[i].d) * y[i].d) * (float)q + (osg_f16_to_f32(x[i].m) * y[i].d) * (float)y[i].sum;
-    }
-    return s;
-}
-
-static float dot_q8_0(int64_t nb, const void *w, const void *a) {
-    const blk_q8_0 *x = (const blk_q8_0 *)w;
-    const act32 *y = (const act32 *)a;
-    float s = 0.0f;
-    for (int64_t i = 0; i < nb; i++) {
-        int32_t q = 0;
-        for (int j = 0; j < 32; j++) q += x[i].qs[j] * y[i].qs[j];
-        s += (osg_f16_to_f32(x[i].d) * y[i].d) * (float)q;
-    }
-    return s;
-}
+static float dot_q4_0(int64_t nb, const void *w, const void *a) { return dot32(OSG_Q4_0, nb, w, a); }
+static float dot_q4_1(int64_t nb, const void *w, const void *a) { return dot32(OSG_Q4_1, nb, w, a); }
+static float dot_q5_0(int64_t nb, const void *w, const void *a) { return dot32(OSG_Q5_0, nb, w, a); }
+static float dot_q5_1(int64_t nb, const void *w, const void *a) { return dot32(OSG_Q5_1, nb, w, a); }
+static float dot_q8_0(int64_t nb, const void *w, const void *a) { return dot32(OSG_Q8_0, nb, w, a); }
 
 /* Q4_K / Q5_K: sum_j sc_j * (q . a over sub-block j) and sum_j m_j * (sum of a over sub-block j) */
 static float dot_q45_k(int64_t nb, const void *w, const void *a, int five) {
