@@ -202,3 +202,12 @@ def test_ollama_think_levels_as_a_budget() -> None:
 
     assert req("low").reasoning_budget() == 512 and req("high").reasoning_budget() == 8192
     assert req(True).reasoning_budget() is None and req(False).thinking() is False
+
+
+def test_a_routed_request_refuses_a_budget() -> None:
+    """No provider the router reaches can carry it: a 400 naming the field, never dropped."""
+    from ortserve.server.routed import check_routable
+
+    with pytest.raises(InvalidRequest) as err:
+        check_routable(_chat(model="auto", thinking_token_budget=5))
+    assert err.value.param == "thinking_token_budget"
