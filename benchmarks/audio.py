@@ -6,6 +6,8 @@ recording (~40 s, two windows), repeated ``--repeat`` times for a longer one. Bo
 with timestamps and Whisper's fallback rules; faster-whisper's VAD is off. Prints JSON.
 
     PYTHONPATH=src .venv/bin/python benchmarks/audio.py [--threads 2] [--repeat 1] [--runs 2]
+    PYTHONPATH=src .venv/bin/python benchmarks/audio.py --phrases 3 --runs 1    # ~11 s of speech
+    PYTHONPATH=src .venv/bin/python benchmarks/audio.py --phrases 16 --words    # ~60 s, word timestamps on
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1, help="the phrase set this many times in one recording")
     ap.add_argument("--runs", type=int, default=2, help="best of this many timed runs after one warm-up "
                     "(0: time the single first run; for long recordings, e.g. --repeat 14 for ~10 min)")
+    ap.add_argument("--phrases", type=int, default=0, help="the first N phrases (cycling) instead of --repeat "
+                    "whole sets: 3 is ~11 s, 16 ~60 s")
+    ap.add_argument("--words", action="store_true", help="word timestamps on, in both (cross-attention + DTW)")
     ap.add_argument("--no-faster-whisper", action="store_true")
     args = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
@@ -40,7 +45,8 @@ def main() -> None:
     from ortserve.models.whisper_import import import_packaged, packaged_dir
 
     variant = import_packaged(ModelStore(load_settings().store_dir))
-    text = " ".join(speech.phrases() * args.repeat)
+    said = speech.phrases()
+    text = " ".join([said[i % len(said)] for i in range(args.phrases)] if args.phrases else said * args.repeat)
     work = Path(tempfile.mkdtemp(prefix="audio-bench-"))
     wav = speech.synthesize(text, work / "phrases.wav")
     audio = decode(wav.read_bytes(), max_seconds=36000)
@@ -50,7 +56,7 @@ def main() -> None:
 
     def ours() -> str:
         found = Transcript()
-        for _ in model.transcribe(audio, Options(language="en"), found):
+        for _ in model.transcribe(audio, Options(language="en", words=args.words), found):
             pass
         return found.text
 
@@ -65,13 +71,15 @@ def main() -> None:
         fw = FasterWhisper(str(ct2), device="cpu", compute_type="int8", cpu_threads=args.threads)
 
         def theirs() -> str:
-            segments, _ = fw.transcribe(str(wav), language="en", beam_size=1, vad_filter=False)
+            segments, _ = fw.transcribe(str(wav), language="en", beam_size=1, vad_filter=False,
+                                        word_timestamps=args.words)
             return "".join(s.text for s in segments).strip()
 
         results["faster_whisper"] = timed(theirs, args.runs, audio.seconds, text, wer)
         results["ortserve"]["time_vs_faster_whisper"] = round(
             results["ortserve"]["seconds"] / results["faster_whisper"]["seconds"], 3)
     print(json.dumps({"model": variant.id, "audio_seconds": round(audio.seconds, 2), "threads": args.threads,
+                      "words": args.words,
                       "cpu": platform.processor() or platform.machine(), "load_average": os.getloadavg(),
                       "results": results}, indent=2))
 
