@@ -73,7 +73,10 @@ def test_reasoning_effort_on_chat_takes_openais_levels(srv: ServerThread) -> Non
     ({"store": True}, "store"),
     ({"top_logprobs": 2}, "top_logprobs"),  # without logprobs: true
     ({"response_format": {"type": "yaml"}}, "response_format.type"),
+    # an image for a text-only model (docs/vision.md): the image's own field
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+     "messages.0.content.0.image_url.url"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}]},
      "messages.0.content"),
     ({"messages": [{"role": "user", "content": "hi", "name": "bob"}]}, "messages.0.name"),
     ({"messages": [MSG[0], {"role": "assistant", "content": None, "tool_calls": [{"id": "1"}]}]},
