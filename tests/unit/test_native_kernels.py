@@ -105,6 +105,21 @@ def test_isa_names(lib: ctypes.CDLL) -> None:
     lib.osg_set_isa(b"avx512") == 0 or lib.osg_set_isa(b"avx2")
 
 
+def test_isa_env_lowers_the_level(lib: ctypes.CDLL) -> None:
+    """ORTSERVE_NATIVE_ISA, read once at the first call, caps the level (a fresh process each)."""
+    import subprocess
+    import sys
+
+    best = lib.osg_isa().decode()
+    code = ("import ctypes, sys; so = ctypes.CDLL(sys.argv[1]); so.osg_isa.restype = ctypes.c_char_p; "
+            "print(so.osg_isa().decode())")
+    for env, want in (("scalar", "scalar"), ("avx2", "avx2" if best != "scalar" else "scalar"),
+                      ("bogus", best)):
+        out = subprocess.run([sys.executable, "-c", code, lib._name], env={"ORTSERVE_NATIVE_ISA": env},
+                             capture_output=True, text=True, check=True).stdout.strip()
+        assert out == want, (env, out)
+
+
 @pytest.mark.parametrize("t", [ref.Q4_0, ref.Q4_K])
 def test_quantize_act_equals_reference(lib: ctypes.CDLL, isa: str, t: int) -> None:
     rng = np.random.default_rng(7)
