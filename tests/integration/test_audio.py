@@ -186,5 +186,10 @@ def test_cli_transcribe(server: ServerThread, tmp_path: Path, monkeypatch: pytes
     assert text.stdout.splitlines() == [SAYS.strip()] * 3
     srt = CliRunner().invoke(cli, ["transcribe", str(wav), "--model", "tiny-whisper", "--format", "srt"])
     assert srt.stdout.startswith(f"1\n00:00:00,000 --> 00:00:01,000\n{SAYS.strip()}\n\n2\n00:00:30,000")
+    timed = CliRunner().invoke(cli, ["transcribe", str(wav), "--model", "tiny-whisper", "--format", "verbose_json",
+                                     "--words"])
+    body = json.loads(timed.stdout)
+    assert [w["word"] for w in body["words"]] == SAYS.split() * 3 and len(body["segments"]) == 3
+    assert CliRunner().invoke(cli, ["transcribe", str(wav), "--words"]).exit_code == 2      # needs verbose_json
     missing = CliRunner().invoke(cli, ["transcribe", str(wav), "--model", "no-such-model"])
     assert missing.exit_code != 0 and "no-such-model" in missing.output
