@@ -71,3 +71,15 @@ def test_tidy_cuts_a_word_that_lingers_over_a_pause() -> None:
     second = alignment.tidy(words[1:], 5.1, 7.8)
     assert second[0].start == 5.1 and second[0].end == 5.4             # after the pause, not across it
     assert [(w.start, w.end) for w in second[1:]] == [(5.4, 5.7), (5.7, 5.9)]
+
+
+def test_the_import_records_the_alignment_heads(tmp_path) -> None:
+    import json
+
+    from ortserve.models.whisper_import import alignment_heads
+
+    assert alignment_heads(tmp_path, {"alignment_heads": [[3, 1], [5, 6]]}) == [[3, 1], [5, 6]]   # CTranslate2's
+    assert alignment_heads(tmp_path, {}) == []                                                    # none known
+    (tmp_path / "generation_config.json").write_text(json.dumps({"alignment_heads": [[2, 0]]}), encoding="utf-8")
+    assert alignment_heads(tmp_path, {}) == [[2, 0]]                                              # Hugging Face's
+    assert alignment.default_heads(6, 2) == [(3, 0), (3, 1), (4, 0), (4, 1), (5, 0), (5, 1)]
