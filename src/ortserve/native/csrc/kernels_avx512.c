@@ -215,6 +215,48 @@ V512_INLINE void rows_q45k(int five, int64_t nb, const uint8_t *w, const uint8_t
     _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) out[r * ostride] = _mm512_reduce_add_ps(acc[r]);
 }
 
+/* Q4_K / Q5_K, 256-bit: the eight sub-blocks' int32 lanes (one vpdpbusd each) fold into eight sub-block
+ * sums (hadd tree), one vpmulld applies the eight scales, the minimums go as on AVX2. */
+V512_INLINE void rows_q45k_ymm(int five, int64_t nb, const uint8_t *w, const uint8_t *a, size_t astride, int R,
+                               float *out, int64_t ostride) {
+    const __m256i low = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+    __m256 acc[RMAX];
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    const int bb = five ? 176 : 144;
+    for (int64_t i = 0; i < nb; i++, w += bb) {
+        const blk_q4_k *b4 = (const blk_q4_k *)w;
+        const uint8_t *qs = five ? ((const blk_q5_k *)w)->qs : b4->qs;
+        const __m128i scm = scales_mins(b4->scales);
+        const __m256i sc32 = _mm256_cvtepu8_epi32(scm);
+        __m256i qh = five ? _mm256_loadu_si256((const __m256i *)((const blk_q5_k *)w)->qh) : _mm256_setzero_si256();
+        __m256i q[8];
+        _Pragma("GCC unroll 4") for (int j2 = 0; j2 < 4; j2++) {
+            __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * j2));
+            q[2 * j2] = _mm256_and_si256(v, low);
+            q[2 * j2 + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+            if (five) {
+                q[2 * j2] = _mm256_or_si256(q[2 * j2], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * j2), one), 4));
+                q[2 * j2 + 1] = _mm256_or_si256(q[2 * j2 + 1],
+                                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * j2 + 1), one), 4));
+            }
+        }
+        float d = f16(b4->d), dmin = f16(b4->dmin);
+        __m128i m8 = _mm_unpackhi_epi64(scm, scm);
+        __m256i m16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+            const act256 *y = (const act256 *)(a + r * astride) + i;
+            __m256i s[8];
+            _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++)
+                s[j] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), q[j], _mm256_loadu_si256((const __m256i *)(y->qs + 32 * j)));
+            __m256i sumi = _mm256_mullo_epi32(sums8(s), sc32);
+            __m256i summ = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y->bsums), m16);
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * y->d), _mm256_cvtepi32_ps(sumi), acc[r]);
+            acc[r] = _mm256_fnmadd_ps(_mm256_set1_ps(dmin * y->d), _mm256_cvtepi32_ps(summ), acc[r]);
+        }
+    }
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) out[r * ostride] = hsum_ps(acc[r]);
+}
+
 /* Q6_K: per half of 128, elements 0-63 are the low nibbles of ql (64 bytes) with qh bits 0-1 / 2-3,
  * elements 64-127 the high nibbles with qh bits 4-5 / 6-7; q in 0..63, minus 32 * (sum of a) per 16 */
 V512_INLINE void rows_q6k(int64_t nb, const uint8_t *w, const uint8_t *a, size_t astride, int R,
@@ -270,8 +312,15 @@ V512_INLINE void rows_any(int t, int64_t nb, const uint8_t *w, const uint8_t *a,
     case OSG_Q5_0: rows32(2, nb, w, a, as, R, out, os); break;
     case OSG_Q5_1: rows32(3, nb, w, a, as, R, out, os); break;
     case OSG_Q8_0: rows32(4, nb, w, a, as, R, out, os); break;
-    case OSG_Q4_K: rows_q45k(0, nb, w, a, as, R, out, os); break;
-    case OSG_Q5_K: rows_q45k(1, nb, w, a, as, R, out, os); break;
+    /* one activation row: the 256-bit kernel is faster (12% for Q4_K); a tile of rows: the 512-bit one */
+    case OSG_Q4_K:
+        if (R == 1) rows_q45k_ymm(0, nb, w, a, as, R, out, os);
+        else rows_q45k(0, nb, w, a, as, R, out, os);
+        break;
+    case OSG_Q5_K:
+        if (R == 1) rows_q45k_ymm(1, nb, w, a, as, R, out, os);
+        else rows_q45k(1, nb, w, a, as, R, out, os);
+        break;
     default: rows_q6k(nb, w, a, as, R, out, os); break;
     }
 }
