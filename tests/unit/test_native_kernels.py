@@ -10,11 +10,11 @@ import pytest
 
 from ortserve.native import reference as ref
 
-TYPES = [ref.Q4_0, ref.Q4_1, ref.Q5_0, ref.Q5_1, ref.Q8_0, ref.Q4_K, ref.Q5_K, ref.Q6_K]
+TYPES = [ref.Q4_0, ref.Q4_1, ref.Q5_0, ref.Q5_1, ref.Q8_0, ref.Q4_K, ref.Q5_K, ref.Q6_K, ref.IQ4_NL, ref.IQ4_XS]
 ISAS = ["scalar", "avx2", "avx512"]
 # byte offsets of the fp16 scale fields in each block
 F16_FIELDS = {ref.Q4_0: [0], ref.Q4_1: [0, 2], ref.Q5_0: [0], ref.Q5_1: [0, 2], ref.Q8_0: [0],
-              ref.Q4_K: [0, 2], ref.Q5_K: [0, 2], ref.Q6_K: [208]}
+              ref.Q4_K: [0, 2], ref.Q5_K: [0, 2], ref.Q6_K: [208], ref.IQ4_NL: [0], ref.IQ4_XS: [0]}
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +94,7 @@ def test_sizes(lib: ctypes.CDLL) -> None:
         assert lib.osg_block_elems(t) == be
         assert lib.osg_row_bytes(t, be * 7) == bb * 7
         assert lib.osg_act_row_bytes(t, be * 7) == (40 if be == 32 else 292) * 7
-    for t in (0, 1, 10, 16, 30, -1):
+    for t in (0, 1, 10, 16, 21, 24, 30, -1):
         assert lib.osg_supported(t) == 0 and lib.osg_row_bytes(t, 256) == 0
 
 

@@ -18,10 +18,13 @@ from dataclasses import dataclass
 import numpy as np
 
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K = 2, 3, 6, 7, 8, 12, 13, 14
+IQ4_NL, IQ4_XS = 20, 23
 BLOCK = {Q4_0: (32, 18), Q4_1: (32, 20), Q5_0: (32, 22), Q5_1: (32, 24), Q8_0: (32, 34),
-         Q4_K: (256, 144), Q5_K: (256, 176), Q6_K: (256, 210)}
+         Q4_K: (256, 144), Q5_K: (256, 176), Q6_K: (256, 210), IQ4_NL: (32, 18), IQ4_XS: (256, 136)}
 NAMES = {Q4_0: "Q4_0", Q4_1: "Q4_1", Q5_0: "Q5_0", Q5_1: "Q5_1", Q8_0: "Q8_0",
-         Q4_K: "Q4_K", Q5_K: "Q5_K", Q6_K: "Q6_K"}
+         Q4_K: "Q4_K", Q5_K: "Q5_K", Q6_K: "Q6_K", IQ4_NL: "IQ4_NL", IQ4_XS: "IQ4_XS"}
+# the sixteen non-linear values of IQ4_NL / IQ4_XS
+KVALUES_IQ4 = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int32)
 F32 = np.float32
 
 
@@ -81,6 +84,15 @@ def decode(t: int, blocks: np.ndarray) -> Decoded:
         return Decoded(_nibbles32(b[..., 8:24]) | (_qh32(b[..., 4:8]) << 4), _f16(b[..., 0:2]), _f16(b[..., 2:4]))
     if t == Q8_0:
         return Decoded(np.ascontiguousarray(b[..., 2:34]).view(np.int8).astype(np.int32), _f16(b[..., 0:2]), None)
+    if t == IQ4_NL:
+        return Decoded(KVALUES_IQ4[_nibbles32(b[..., 2:18])], _f16(b[..., 0:2]), None)
+    if t == IQ4_XS:
+        sh = np.ascontiguousarray(b[..., 2:4]).view(np.uint16)[..., 0:1].astype(np.int32)
+        sl = b[..., 4:8].astype(np.int32)
+        lo = np.stack([sl & 0x0F, sl >> 4], -1).reshape(*b.shape[:-1], 8)
+        sc = (lo | (((sh >> (2 * np.arange(8))) & 3) << 4)) - 32
+        q = KVALUES_IQ4[_nibbles32(b[..., 8:136].reshape(*b.shape[:-1], 8, 16))].reshape(*b.shape[:-1], 256)
+        return Decoded(q, _f16(b[..., 0:2]), None, 0, sc)
     if t in (Q4_K, Q5_K):
         sc, mn = _scale_min_k4(b[..., 4:16])
         qs = b[..., -128:].astype(np.int32).reshape(*b.shape[:-1], 4, 1, 32)
@@ -109,7 +121,7 @@ def dequantize(t: int, rows: np.ndarray | bytes, k: int) -> np.ndarray:
     """(n, k) float32, with gguf-py's float operations (so bit-exact against it)."""
     x = decode(t, _blocks(t, rows, k))
     n = x.q.shape[0]
-    if t in (Q4_0, Q5_0, Q8_0):
+    if t in (Q4_0, Q5_0, Q8_0, IQ4_NL):
         out = x.d[..., None] * (x.q - x.offset).astype(F32)
     elif t in (Q4_1, Q5_1):
         out = x.d[..., None] * x.q.astype(F32) + x.m[..., None]
@@ -117,9 +129,10 @@ def dequantize(t: int, rows: np.ndarray | bytes, k: int) -> np.ndarray:
         ds = (x.d[..., None] * x.sc.astype(F32))[..., None]
         dm = (x.m[..., None] * x.mn.astype(F32))[..., None]
         out = ds * x.q.reshape(*x.q.shape[:-1], 8, 32).astype(F32) - dm
-    else:
+    else:   # Q6_K: 16 groups of 16; IQ4_XS: 8 sub-blocks of 32
+        g = x.sc.shape[-1]
         ds = (x.d[..., None] * x.sc.astype(F32))[..., None]
-        out = ds * x.q.reshape(*x.q.shape[:-1], 16, 16).astype(F32)
+        out = ds * x.q.reshape(*x.q.shape[:-1], g, 256 // g).astype(F32)
     return out.reshape(n, k).astype(F32)
 
 
@@ -154,7 +167,7 @@ def block_terms(t: int, x: Decoded, a: Act) -> np.ndarray:
     qa = np.einsum("nbe,mbe->nmb", x.q.astype(np.int64), a.q.astype(np.int64))
     if t in (Q4_0, Q5_0):
         return ds * (qa - x.offset * a.sums[None, :, :, 0]).astype(F32)
-    if t == Q8_0:
+    if t in (Q8_0, IQ4_NL):
         return ds * qa.astype(F32)
     if t in (Q4_1, Q5_1):
         return ds * qa.astype(F32) + x.m[:, None, :] * a.s[None, :, :]
@@ -168,9 +181,10 @@ def block_terms(t: int, x: Decoded, a: Act) -> np.ndarray:
         summ = (x.mn[:, None, :, :] * bs[None, :, :, :]).sum(-1)
         dmin = x.m[:, None, :] * a.d[None, :, :]
         return ds * sumi.astype(F32) - dmin * summ.astype(F32)
-    qa16 = np.einsum("nbge,mbge->nmbg", x.q.reshape(n, nb, 16, 16).astype(np.int64),
-                     a.q.reshape(m, nb, 16, 16).astype(np.int64))
-    return ds * (qa16 * x.sc[:, None, :, :]).sum(-1).astype(F32)
+    g = x.sc.shape[-1]      # Q6_K: 16 groups of 16; IQ4_XS: 8 sub-blocks of 32
+    qag = np.einsum("nbge,mbge->nmbg", x.q.reshape(n, nb, g, 256 // g).astype(np.int64),
+                    a.q.reshape(m, nb, g, 256 // g).astype(np.int64))
+    return ds * (qag * x.sc[:, None, :, :]).sum(-1).astype(F32)
 
 
 def abs_terms(t: int, x: Decoded, a: Act) -> np.ndarray:
@@ -178,7 +192,7 @@ def abs_terms(t: int, x: Decoded, a: Act) -> np.ndarray:
     pass through: |scales| times the sum of |weight| * |activation| per element, where a weight's
     offset (8, 16, 32 for Q6_K, 128 for Q8_0 as VNNI takes it unsigned: the SIMD paths apply it as a
     separate sum) counts on its own."""
-    off = {Q4_0: 8, Q5_0: 16, Q6_K: 32, Q8_0: 128}.get(t, 0)
+    off = {Q4_0: 8, Q5_0: 16, Q6_K: 32, Q8_0: 128, IQ4_NL: 128}.get(t, 0)
     ds = np.abs(x.d[:, None, :] * a.d[None, :, :]).astype(np.float64)
     qa = np.abs(x.q).astype(np.float64) + off
     aa = np.abs(a.q).astype(np.float64)

@@ -1,7 +1,7 @@
 /* ortserve native kernels: dot products that read GGUF quantized blocks exactly as the file holds them.
  *
- * Weights stay in ggml's block layouts (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0: blocks of 32; Q4_K, Q5_K, Q6_K:
- * super-blocks of 256). Activations are quantized once per row into int8 blocks (a private scratch
+ * Weights stay in ggml's block layouts (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL: blocks of 32; Q4_K, Q5_K,
+ * Q6_K, IQ4_XS: super-blocks of 256). Activations are quantized once per row into int8 blocks (a private scratch
  * layout whose size osg_act_row_bytes gives) and every weight block is dotted against them in integers;
  * floats enter only as one scale product per block. The scalar code is the definition; the AVX2 and
  * AVX-512 VNNI paths compute the same integers and differ from it only in the order floats are summed.
@@ -22,7 +22,7 @@ extern "C" {
 /* ggml type ids */
 enum {
     OSG_Q4_0 = 2, OSG_Q4_1 = 3, OSG_Q5_0 = 6, OSG_Q5_1 = 7, OSG_Q8_0 = 8,
-    OSG_Q4_K = 12, OSG_Q5_K = 13, OSG_Q6_K = 14,
+    OSG_Q4_K = 12, OSG_Q5_K = 13, OSG_Q6_K = 14, OSG_IQ4_NL = 20, OSG_IQ4_XS = 23,
 };
 
 OSG_API int    osg_supported(int ggml_type);                 /* 1 if the type is handled */

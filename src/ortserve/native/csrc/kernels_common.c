@@ -33,6 +33,8 @@ static int block_bytes(int t) {
     case OSG_Q4_K: return 144;
     case OSG_Q5_K: return 176;
     case OSG_Q6_K: return 210;
+    case OSG_IQ4_NL: return 18;
+    case OSG_IQ4_XS: return 136;
     default: return 0;
     }
 }
@@ -41,7 +43,7 @@ int osg_supported(int t) { return block_bytes(t) != 0; }
 
 int osg_block_elems(int t) {
     if (!osg_supported(t)) return 0;
-    return (t == OSG_Q4_K || t == OSG_Q5_K || t == OSG_Q6_K) ? QKK : QK;
+    return (t == OSG_Q4_K || t == OSG_Q5_K || t == OSG_Q6_K || t == OSG_IQ4_XS) ? QKK : QK;
 }
 
 size_t osg_row_bytes(int t, int64_t k) {
@@ -149,6 +151,28 @@ static void dq_q6_k(const blk_q6_k *b, float *y) {
     for (int e = 0; e < 256; e++) y[e] = (d * (float)b->scales[e / 16]) * (float)osg_q6_k_value(b, e);
 }
 
+const int8_t osg_kvalues_iq4[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+static void dq_iq4_nl(const blk_iq4_nl *b, float *y) {
+    float d = osg_f16_to_f32(b->d);
+    for (int j = 0; j < 16; j++) {
+        y[j] = d * (float)osg_kvalues_iq4[b->qs[j] & 0x0F];
+        y[j + 16] = d * (float)osg_kvalues_iq4[b->qs[j] >> 4];
+    }
+}
+
+static void dq_iq4_xs(const blk_iq4_xs *b, float *y) {
+    float d = osg_f16_to_f32(b->d);
+    for (int j = 0; j < 8; j++, y += 32) {
+        float dl = d * (float)osg_iq4_xs_scale(b, j);
+        const uint8_t *q = b->qs + 16 * j;
+        for (int l = 0; l < 16; l++) {
+            y[l] = dl * (float)osg_kvalues_iq4[q[l] & 0x0F];
+            y[l + 16] = dl * (float)osg_kvalues_iq4[q[l] >> 4];
+        }
+    }
+}
+
 void osg_dequant_row(int t, const void *w, float *y, int64_t k) {
     int be = osg_block_elems(t), bb = block_bytes(t);
     if (!be) return;
@@ -163,6 +187,8 @@ void osg_dequant_row(int t, const void *w, float *y, int64_t k) {
         case OSG_Q4_K: dq_q4_k((const blk_q4_k *)p, y); break;
         case OSG_Q5_K: dq_q5_k((const blk_q5_k *)p, y); break;
         case OSG_Q6_K: dq_q6_k((const blk_q6_k *)p, y); break;
+        case OSG_IQ4_NL: dq_iq4_nl((const blk_iq4_nl *)p, y); break;
+        case OSG_IQ4_XS: dq_iq4_xs((const blk_iq4_xs *)p, y); break;
         }
     }
 }
@@ -282,7 +308,7 @@ void osg_quantize_act(int t, const float *x, void *xq, int64_t k) {
 void osg_matmul_rows(int t, int64_t k, const void *w, const void *xq, int64_t m_rows, float *y,
                      int64_t ldy, int64_t n0, int64_t n1) {
     int be = osg_block_elems(t);
-    if (!be || t < 0 || t >= 16) return;
+    if (!be || t < 0 || t >= OSG_NTYPES) return;
     const osg_kernels *kt = kernels();
     osg_dot_fn dot = kt->dot[t] ? kt->dot[t] : osg_scalar_kernels.dot[t];
     osg_dot_multi_fn multi = kt->multi[t];

@@ -8,6 +8,7 @@
 
 #define QK 32    /* elements per block of the 32-families */
 #define QKK 256  /* elements per K-quant super-block */
+#define OSG_NTYPES 24  /* ggml type ids below this index the dispatch table */
 
 /* Weight blocks exactly as ggml writes them (fp16 fields as raw bits). */
 typedef struct { uint16_t d; uint8_t qs[16]; } blk_q4_0;                  /* 18 bytes: (q-8)*d */
@@ -18,6 +19,16 @@ typedef struct { uint16_t d; int8_t qs[32]; } blk_q8_0;                   /* 34 
 typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[128]; } blk_q4_k;              /* 144 */
 typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[32]; uint8_t qs[128]; } blk_q5_k; /* 176 */
 typedef struct { uint8_t ql[128]; uint8_t qh[64]; int8_t scales[16]; uint16_t d; } blk_q6_k;     /* 210 */
+typedef struct { uint16_t d; uint8_t qs[16]; } blk_iq4_nl;                /* 18 bytes: d * kvalues[q] */
+/* IQ4_XS: sub-block j's scale is (4 bits of scales_l[j/2] | 2 bits of scales_h << 4) - 32 */
+typedef struct { uint16_t d, scales_h; uint8_t scales_l[4]; uint8_t qs[128]; } blk_iq4_xs;    /* 136 */
+
+/* the sixteen non-linear 4-bit values of IQ4_NL / IQ4_XS (ggml's kvalues_iq4nl) */
+extern const int8_t osg_kvalues_iq4[16];
+
+static inline int osg_iq4_xs_scale(const blk_iq4_xs *b, int j) {
+    return (((b->scales_l[j / 2] >> (4 * (j % 2))) & 0x0F) | (((b->scales_h >> (2 * j)) & 3) << 4)) - 32;
+}
 
 /* Activation rows (private layout).
  * 32-families: the row's nb scales d, then nb values s = d * (sum of the block's int8 values, for the
@@ -40,6 +51,8 @@ _Static_assert(sizeof(blk_q8_0) == 34, "q8_0");
 _Static_assert(sizeof(blk_q4_k) == 144, "q4_k");
 _Static_assert(sizeof(blk_q5_k) == 176, "q5_k");
 _Static_assert(sizeof(blk_q6_k) == 210, "q6_k");
+_Static_assert(sizeof(blk_iq4_nl) == 18, "iq4_nl");
+_Static_assert(sizeof(blk_iq4_xs) == 136, "iq4_xs");
 _Static_assert(sizeof(act256) == 292, "act256");
 
 float osg_f16_to_f32(uint16_t h);
@@ -86,8 +99,8 @@ typedef void (*osg_dot_multi_fn)(int64_t nb, const void *w, const void *a, size_
 typedef void (*osg_quant_fn)(const float *x, void *xq, int64_t k);
 
 typedef struct {
-    osg_dot_fn dot[16];          /* by ggml type id; NULL falls back to the scalar entry */
-    osg_dot_multi_fn multi[16];  /* optional; NULL: dot per activation row */
+    osg_dot_fn dot[OSG_NTYPES];          /* by ggml type id; NULL falls back to the scalar entry */
+    osg_dot_multi_fn multi[OSG_NTYPES];  /* optional; NULL: dot per activation row */
     osg_quant_fn quant32, quant256;
 } osg_kernels;
 

@@ -15,6 +15,13 @@ static void weights32(int t, const uint8_t *b, int *q, float *d, float *m) {
         for (int j = 0; j < 32; j++) q[j] = ((const int8_t *)(b + 2))[j];
         return;
     }
+    if (t == OSG_IQ4_NL) {
+        for (int j = 0; j < 16; j++) {
+            q[j] = osg_kvalues_iq4[b[2 + j] & 0x0F];
+            q[j + 16] = osg_kvalues_iq4[b[2 + j] >> 4];
+        }
+        return;
+    }
     const uint8_t *qs = b + (t == OSG_Q4_0 ? 2 : t == OSG_Q4_1 ? 4 : t == OSG_Q5_0 ? 6 : 8);
     if (t == OSG_Q5_0) memcpy(&qh, b + 2, 4);
     if (t == OSG_Q5_1) memcpy(&qh, b + 4, 4);
@@ -27,7 +34,8 @@ static void weights32(int t, const uint8_t *b, int *q, float *d, float *m) {
 }
 
 static float dot32(int t, int64_t nb, const void *w, const void *a) {
-    static const int bytes[16] = {[OSG_Q4_0] = 18, [OSG_Q4_1] = 20, [OSG_Q5_0] = 22, [OSG_Q5_1] = 24, [OSG_Q8_0] = 34};
+    static const int bytes[OSG_NTYPES] = {[OSG_Q4_0] = 18, [OSG_Q4_1] = 20, [OSG_Q5_0] = 22, [OSG_Q5_1] = 24,
+                                          [OSG_Q8_0] = 34, [OSG_IQ4_NL] = 18};
     const uint8_t *p = (const uint8_t *)w;
     act32_row y = osg_act32(a, nb);
     float s = 0.0f;
@@ -47,6 +55,27 @@ static float dot_q4_1(int64_t nb, const void *w, const void *a) { return dot32(O
 static float dot_q5_0(int64_t nb, const void *w, const void *a) { return dot32(OSG_Q5_0, nb, w, a); }
 static float dot_q5_1(int64_t nb, const void *w, const void *a) { return dot32(OSG_Q5_1, nb, w, a); }
 static float dot_q8_0(int64_t nb, const void *w, const void *a) { return dot32(OSG_Q8_0, nb, w, a); }
+static float dot_iq4_nl(int64_t nb, const void *w, const void *a) { return dot32(OSG_IQ4_NL, nb, w, a); }
+
+/* IQ4_XS: sum_j (scale_j - 32) * (kvalues[q] . a over sub-block j) */
+static float dot_iq4_xs(int64_t nb, const void *w, const void *a) {
+    const blk_iq4_xs *x = (const blk_iq4_xs *)w;
+    const act256 *y = (const act256 *)a;
+    float s = 0.0f;
+    for (int64_t i = 0; i < nb; i++) {
+        int32_t sumi = 0;
+        for (int j = 0; j < 8; j++) {
+            const uint8_t *q = x[i].qs + 16 * j;
+            const int8_t *av = y[i].qs + 32 * j;
+            int32_t qa = 0;
+            for (int l = 0; l < 16; l++)
+                qa += osg_kvalues_iq4[q[l] & 0x0F] * av[l] + osg_kvalues_iq4[q[l] >> 4] * av[l + 16];
+            sumi += osg_iq4_xs_scale(&x[i], j) * qa;
+        }
+        s += (osg_f16_to_f32(x[i].d) * y[i].d) * (float)sumi;
+    }
+    return s;
+}
 
 /* Q4_K / Q5_K: sum_j sc_j * (q . a over sub-block j) and sum_j m_j * (sum of a over sub-block j) */
 static float dot_q45_k(int64_t nb, const void *w, const void *a, int five) {
@@ -116,5 +145,6 @@ const osg_kernels osg_scalar_kernels = {
     .dot = {
         [OSG_Q4_0] = dot_q4_0, [OSG_Q4_1] = dot_q4_1, [OSG_Q5_0] = dot_q5_0, [OSG_Q5_1] = dot_q5_1,
         [OSG_Q8_0] = dot_q8_0, [OSG_Q4_K] = dot_q4_k, [OSG_Q5_K] = dot_q5_k, [OSG_Q6_K] = dot_q6_k,
+        [OSG_IQ4_NL] = dot_iq4_nl, [OSG_IQ4_XS] = dot_iq4_xs,
     },
 };
