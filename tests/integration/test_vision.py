@@ -230,3 +230,11 @@ def test_a_repeated_image_is_not_encoded_again(srv: ServerThread, client: openai
     assert again.choices[0].message.content == first.choices[0].message.content
     client.chat.completions.create(**{**kw, "messages": chat_messages(png(seed=8))})
     assert encoder.runs == runs + 1
+
+
+def test_a_text_only_turn_on_the_vision_model_and_its_text_routes(srv: ServerThread, client: openai.OpenAI) -> None:
+    out = client.chat.completions.create(model=MODEL, max_tokens=3, temperature=0,
+                                         messages=[{"role": "user", "content": "Hello"}])
+    assert out.model == MODEL and out.usage.completion_tokens >= 1
+    r = httpx.post(f"{srv.url}/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 2}, timeout=60)
+    assert r.status_code == 400 and "is a vision model" in r.json()["error"]["message"]

@@ -208,7 +208,7 @@ class Conversation:
         except ValueError as exc:  # pydantic: a sampling field of the wrong type
             raise InvalidRequest(str(exc).splitlines()[-1]) from exc
         try:  # images, or a vision model: og's multimodal generator (server/vision.py)
-            vision = start_vision(st, turn, sampling, span)
+            vision = await start_vision(st, turn, sampling, span)
         except InvalidRequest as err:
             raise _renamed(err, turn.names) from None
         if vision is not None:

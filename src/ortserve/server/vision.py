@@ -69,7 +69,9 @@ class VisionHolder:
         self.limits = limits
         self._loaded: dict[str, VisionEngine] = {}
         self._lock = threading.Lock()
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="vision")
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="vision")   # og's generator: one run at a time
+        # loading, decoding, patches and the encoder run here, off the event loop (and beside a run)
+        self.prep = ThreadPoolExecutor(2, thread_name_prefix="vision-prep")
 
     def variant(self, name: str | None) -> Variant | None:
         if not name:
@@ -79,18 +81,19 @@ class VisionHolder:
     def get(self, v: Variant) -> VisionEngine:
         with self._lock:
             if v.id not in self._loaded:
-                self._loaded[v.id] = VisionEngine(v.model, v.model_dir, self.pool)
+                self._loaded[v.id] = VisionEngine(v.model, v.model_dir, self.pool, self.prep)
             return self._loaded[v.id]
 
 
 class VisionEngine:
     """What a Conversation needs of an engine (model_id, codec, core.abort), over a VisionModel."""
 
-    def __init__(self, model_id: str, model_dir: Path, pool: ThreadPoolExecutor) -> None:
+    def __init__(self, model_id: str, model_dir: Path, pool: ThreadPoolExecutor, prep: ThreadPoolExecutor) -> None:
         self.model_id = model_id
         self.vision = VisionModel(model_dir)
         self.codec = TextCodec(model_dir)
         self.pool = pool
+        self.prep = prep
         self.core = self
         self.running: dict[str, threading.Event] = {}
 
@@ -98,13 +101,16 @@ class VisionEngine:
         if request_id in self.running:
             self.running[request_id].set()
 
-    def submit(self, messages: list[dict[str, Any]], images: list[ImageInput], params: SamplingParams,
-               limits: ImageLimits) -> VisionHandle:
-        """Decode and check the images, render and tokenize the prompt (400s here, before anything
-        runs), then start the run in the worker thread."""
-        prompt = self.codec.render_chat(messages)
-        decoded = [decode(i, limits) for i in images]
-        named, n_in = self.vision.inputs(prompt, decoded, [i.param for i in images])
+    async def submit(self, messages: list[dict[str, Any]], images: list[ImageInput], params: SamplingParams,
+                     limits: ImageLimits) -> VisionHandle:
+        """Decode and check the images, render and tokenize the prompt, encode the images (a prep
+        thread: 400s here, before anything streams), then start the run in the worker thread."""
+        def prepare() -> tuple[Any, int]:
+            prompt = self.codec.render_chat(messages)
+            decoded = [decode(i, limits) for i in images]
+            return self.vision.inputs(prompt, decoded, [i.param for i in images])
+
+        named, n_in = await asyncio.get_running_loop().run_in_executor(self.prep, prepare)
         s = Sampling(max_tokens=params.max_tokens, temperature=params.temperature, top_p=params.top_p,
                      top_k=params.top_k, seed=params.seed, repetition_penalty=params.repetition_penalty)
         handle = VisionHandle(self, uuid.uuid4().hex, n_in, params.stop)
@@ -176,8 +182,8 @@ class VisionHandle:
             self.stop.set()
 
 
-def route(st: Any, turn: Any) -> tuple[VisionHolder, VisionEngine, list[dict[str, Any]], list[ImageInput]] | None:
-    """The holder, vision engine, flattened messages and images of a turn that runs here, or None."""
+def route(st: Any, turn: Any) -> tuple[VisionHolder, Variant, list[dict[str, Any]], list[ImageInput]] | None:
+    """The holder, vision model, flattened messages and images of a turn that runs here, or None."""
     holder: VisionHolder | None = getattr(st, "vision", None)
     params = image_params(turn.messages)
     v = holder.variant(turn.model) if holder is not None else None
@@ -191,16 +197,18 @@ def route(st: Any, turn: Any) -> tuple[VisionHolder, VisionEngine, list[dict[str
         raise InvalidRequest("tools, response_format, n > 1 and logprobs are not served with vision models yet "
                              "(docs/vision.md)", param="model", code="unsupported_parameter")
     messages, images = flatten(turn.messages, holder.limits)
-    return holder, holder.get(v), messages, images
+    return holder, v, messages, images
 
 
-def start_vision(st: Any, turn: Any, sampling: Any, span: Any) -> tuple[VisionEngine, VisionHandle, dict[str, str]] | None:
+async def start_vision(st: Any, turn: Any, sampling: Any, span: Any
+                       ) -> tuple[VisionEngine, VisionHandle, dict[str, str]] | None:
     """Run a turn with images (or for a vision model) here: its engine, handle and sampling headers;
     None where the turn is for a text engine."""
     routed = route(st, turn)
     if routed is None:
         return None
-    holder, engine, messages, images = routed
+    holder, v, messages, images = routed
+    engine = await asyncio.get_running_loop().run_in_executor(holder.prep, holder.get, v)   # loads on first use
     span.set(model=engine.model_id, provider="local", execution_provider="cpu")
     defaults = defaults_for(st.settings, engine.vision.dir)
     max_tokens = turn.max_tokens
@@ -208,5 +216,5 @@ def start_vision(st: Any, turn: Any, sampling: Any, span: Any) -> tuple[VisionEn
         max_tokens = min(max_tokens, st.settings.max_tokens_cap)
     params = sampling.to_sampling_params(st.settings.default_max_tokens, st.settings.max_tokens_cap, max_tokens,
                                          defaults)
-    handle = engine.submit(messages, images, params, holder.limits)
+    handle = await engine.submit(messages, images, params, holder.limits)
     return engine, handle, sampling.sampling_headers(params, defaults)
