@@ -65,9 +65,11 @@ def pytest_runtest_logreport(report: Any) -> None:
     if not out or not (report.when == "call" or report.outcome != "passed"):
         return  # one line per test run: its call, or the setup/teardown that failed or skipped it
     test = RUN_ID.sub(lambda m: m.group(1) if m.group(2) == "-" else "]" if m.group(1) == "-" else "", report.nodeid)
+    row = {"test": test, "when": report.when, "outcome": report.outcome, "seconds": round(report.duration, 3)}
+    if report.failed:  # the end of the traceback: a failure is found and fixed, never rerun away
+        row["error"] = str(report.longrepr)[-4000:]
     with Path(out).open("a", encoding="utf-8") as f:
-        f.write(json.dumps({"test": test, "when": report.when, "outcome": report.outcome,
-                            "seconds": round(report.duration, 3)}) + "\n")
+        f.write(json.dumps(row) + "\n")
 
 
 # ---- which tests read a clock ------------------------------------------------------------------
@@ -108,12 +110,17 @@ def pytest(args: list[str], repeat: int, report: Path, timeout: float) -> int:
 def tally(report: Path) -> dict[str, Any]:
     rows = [json.loads(line) for line in report.read_text(encoding="utf-8").splitlines()] if report.exists() else []
     per: dict[str, Counter[str]] = defaultdict(Counter)
+    secs: dict[str, list[float]] = defaultdict(list)
     for r in rows:
         per[r["test"]][r["outcome"]] += 1
+        if "seconds" in r:
+            secs[r["test"]].append(r["seconds"])
     failures = {t: dict(c) for t, c in per.items() if c["failed"]}
+    per_test = {t: {**dict(c), "median_s": sorted(secs[t])[len(secs[t]) // 2] if secs[t] else None,
+                    "max_s": max(secs[t], default=None)} for t, c in sorted(per.items())}
     return {"tests": len(per), "runs": len(rows), "passed": sum(c["passed"] for c in per.values()),
             "failed": sum(c["failed"] for c in per.values()), "skipped": sum(c["skipped"] for c in per.values()),
-            "failures": failures}
+            "failures": failures, "per_test": per_test}
 
 
 def hog(n: int) -> list[subprocess.Popen[bytes]]:
@@ -139,7 +146,7 @@ def run_clock(args: argparse.Namespace) -> dict[str, Any]:
     t0 = time.monotonic()
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            report = Path(tmp) / "report.jsonl"
+            report = Path(args.report) if args.report else Path(tmp) / "report.jsonl"
             for nodes in by_module.values():
                 extra = ["-k", args.k] if args.k else []
                 pytest([*nodes, *extra], args.count, report, args.timeout)
@@ -177,6 +184,7 @@ def main() -> None:
     clock.add_argument("--hog", type=int, default=0, help="busy processes beside it (default none: alone)")
     clock.add_argument("--timeout", type=float, default=3600, help="seconds per module process (a hang guard)")
     clock.add_argument("--list", action="store_true", help="print the selection and exit")
+    clock.add_argument("--report", help="keep every run's outcome, seconds and traceback here (JSON lines, appended)")
     suite = sub.add_parser("suite", help="the whole suite beside a CPU hog, K times")
     suite.add_argument("tests", nargs="*", help="paths or node ids (default: tests)")
     suite.add_argument("--runs", type=int, default=3)
