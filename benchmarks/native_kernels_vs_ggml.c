@@ -56,7 +56,7 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < rb * n; i++) w[i] = (uint8_t)rand();
     /* finite fp16 scales (0.01) where each block keeps them */
     size_t bb = type == 12 ? 144 : type == 13 ? 176 : type == 14 ? 210 : type == 2 ? 18 : type == 3 ? 20 :
-                type == 6 ? 22 : type == 7 ? 24 : 34;
+                type == 6 ? 22 : type == 7 ? 24 : type == 20 ? 18 : type == 23 ? 136 : 34;
     int two = type == 3 || type == 7 || type == 12 || type == 13;
     for (size_t b = 0; b < rb * n / bb; b++) {
         uint8_t *p = w + b * bb + (type == 14 ? 208 : 0);

@@ -136,7 +136,8 @@ AVX2 static void quant256_avx2(const float *x, void *xq, int64_t k) {
  * int32 lane vectors fold into one vector of eight block sums (hadd tree), which meets the eight weight
  * scales (one gather) times the row's eight activation scales (one load: the row keeps its scales as an
  * array) in one fmadd, and the minimum term m * s in one more. A last group of under eight blocks goes
- * one block at a time. kind 0 Q4_0 (signed q-8), 1 Q4_1, 2 Q5_0 (signed q-16), 3 Q5_1, 4 Q8_0. */
+ * one block at a time. kind 0 Q4_0 (signed q-8), 1 Q4_1, 2 Q5_0 (signed q-16), 3 Q5_1, 4 Q8_0,
+ * 5 IQ4_NL (signed: the sixteen values). */
 
 /* block j's 32 weights, in element order (signed for kinds 0, 2, 4) */
 AVX2_INLINE __m256i weights32(int kind, const uint8_t *w) {
@@ -145,7 +146,10 @@ AVX2_INLINE __m256i weights32(int kind, const uint8_t *w) {
     case 1: return nibbles32(w + 4);
     case 2: return _mm256_sub_epi8(_mm256_or_si256(nibbles32(w + 6), fifth_bits(w + 2)), _mm256_set1_epi8(16));
     case 3: return _mm256_or_si256(nibbles32(w + 8), fifth_bits(w + 4));
-    default: return _mm256_loadu_si256((const __m256i *)(w + 2));
+    case 4: return _mm256_loadu_si256((const __m256i *)(w + 2));
+    default:   /* IQ4_NL: the nibbles index the sixteen values */
+        return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)osg_kvalues_iq4)),
+                                   nibbles32(w + 2));
     }
 }
 
@@ -165,19 +169,21 @@ AVX2_INLINE __m256i sums8(const __m256i *s) {
     return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
 }
 
-/* the same weights offset to be unsigned (q + off), for the group path: Q4_0 +8, Q5_0 +16, Q8_0 +128 */
+/* the same weights offset to be unsigned (q + off), for the group path: Q4_0 +8, Q5_0 +16, Q8_0 and
+ * IQ4_NL +128 */
 AVX2_INLINE __m256i weights32u(int kind, const uint8_t *w) {
     switch (kind) {
     case 0: return nibbles32(w + 2);
     case 2: return _mm256_or_si256(nibbles32(w + 6), fifth_bits(w + 2));
     case 4: return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(w + 2)), _mm256_set1_epi8((char)0x80));
+    case 5: return _mm256_xor_si256(weights32(kind, w), _mm256_set1_epi8((char)0x80));
     default: return weights32(kind, w);
     }
 }
 
 AVX2_INLINE void rows32(int kind, int64_t nb, const uint8_t *w, const uint8_t *a, size_t astride, int R,
                         float *out, int64_t ostride) {
-    static const int bytes[5] = {18, 20, 22, 24, 34};
+    static const int bytes[6] = {18, 20, 22, 24, 34, 18};
     const int bb = bytes[kind], unsig = kind == 1 || kind == 3;
     __m256 acc[RMAX];
     float tail[RMAX];
@@ -188,9 +194,9 @@ AVX2_INLINE void rows32(int kind, int64_t nb, const uint8_t *w, const uint8_t *a
         y[r] = osg_act32(a + r * astride, nb);
     }
     /* signed weights go unsigned with their offset taken out as off * dw * s (s = da * sum of a);
-     * Q8_0 keeps |w| against a with w's sign: q + 128 would saturate vpmaddubsw */
-    static const float offs[5] = {8.0f, 0.0f, 16.0f, 0.0f, 0.0f};
-    const int signtrick = kind == 4;
+     * Q8_0 and IQ4_NL keep |w| against a with w's sign: q + 128 would saturate vpmaddubsw */
+    static const float offs[6] = {8.0f, 0.0f, 16.0f, 0.0f, 0.0f, 0.0f};
+    const int signtrick = kind >= 4;
     __m256i qu[8], qs[8];
     int64_t i = 0;
     for (; i + 8 <= nb; i += 8, w += 8 * bb) {
@@ -253,6 +259,7 @@ FAMILY32(q4_1, 1)
 FAMILY32(q5_0, 2)
 FAMILY32(q5_1, 3)
 FAMILY32(q8_0, 4)
+FAMILY32(iq4_nl, 5)
 
 /* ---------------- K-quants ---------------- */
 
@@ -359,8 +366,38 @@ AVX2_INLINE void rows_q6k(int64_t nb, const uint8_t *w, const uint8_t *a, size_t
     _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) out[r * ostride] = hsum_ps(acc[r]);
 }
 
+/* IQ4_XS: per sub-block the sixteen values by pshufb (signed), |w| against a with w's sign, pairs
+ * times the sub-block's scale (-32..31) into int32 */
+AVX2_INLINE void rows_iq4xs(int64_t nb, const uint8_t *w, const uint8_t *a, size_t astride, int R,
+                            float *out, int64_t ostride) {
+    const __m256i kv = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)osg_kvalues_iq4));
+    __m256 acc[RMAX];
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++, w += 136) {
+        const blk_iq4_xs *b = (const blk_iq4_xs *)w;
+        __m256i sumi[RMAX];
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) sumi[r] = _mm256_setzero_si256();
+        for (int j = 0; j < 8; j++) {
+            __m256i q = _mm256_shuffle_epi8(kv, nibbles32(b->qs + 16 * j)), qa = _mm256_abs_epi8(q);
+            __m256i sc = _mm256_set1_epi16((short)osg_iq4_xs_scale(b, j));
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+                const int8_t *av = ((const act256 *)(a + r * astride) + i)->qs + 32 * j;
+                __m256i p = _mm256_maddubs_epi16(qa, _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)av), q));
+                sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(p, sc));
+            }
+        }
+        float d = f16(b->d);
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+            const act256 *y = (const act256 *)(a + r * astride) + i;
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * y->d), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
+        }
+    }
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) out[r * ostride] = hsum_ps(acc[r]);
+}
+
 AVX2_INLINE void rows_k(int t, int64_t nb, const uint8_t *w, const uint8_t *a, size_t as, int R, float *out, int64_t os) {
     if (t == OSG_Q6_K) rows_q6k(nb, w, a, as, R, out, os);
+    else if (t == OSG_IQ4_XS) rows_iq4xs(nb, w, a, as, R, out, os);
     else rows_q45k(t == OSG_Q5_K, nb, w, a, as, R, out, os);
 }
 
@@ -386,6 +423,7 @@ AVX2_INLINE void rows_k(int t, int64_t nb, const uint8_t *w, const uint8_t *a, s
 FAMILYK(q4_k, OSG_Q4_K)
 FAMILYK(q5_k, OSG_Q5_K)
 FAMILYK(q6_k, OSG_Q6_K)
+FAMILYK(iq4_xs, OSG_IQ4_XS)
 
 int osg_fill_avx2(osg_kernels *k) {
     __builtin_cpu_init();
@@ -401,6 +439,8 @@ int osg_fill_avx2(osg_kernels *k) {
     k->dot[OSG_Q4_K] = dot_q4_k; k->multi[OSG_Q4_K] = multi_q4_k;
     k->dot[OSG_Q5_K] = dot_q5_k; k->multi[OSG_Q5_K] = multi_q5_k;
     k->dot[OSG_Q6_K] = dot_q6_k; k->multi[OSG_Q6_K] = multi_q6_k;
+    k->dot[OSG_IQ4_NL] = dot_iq4_nl; k->multi[OSG_IQ4_NL] = multi_iq4_nl;
+    k->dot[OSG_IQ4_XS] = dot_iq4_xs; k->multi[OSG_IQ4_XS] = multi_iq4_xs;
     return 1;
 }
 #else

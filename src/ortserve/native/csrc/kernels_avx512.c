@@ -51,14 +51,15 @@ V512_INLINE __m256i fifth_bits(const uint8_t *qh4) {
     return _mm256_maskz_mov_epi8((__mmask32)qh, _mm256_set1_epi8(0x10));
 }
 
-/* ---------------- the 32-families: kind 0 Q4_0, 1 Q4_1, 2 Q5_0, 3 Q5_1, 4 Q8_0 ---------------- */
+/* ---------------- the 32-families: kind 0 Q4_0, 1 Q4_1, 2 Q5_0, 3 Q5_1, 4 Q8_0, 5 IQ4_NL ---------------- */
 
 /* ---- the 32-families, eight blocks at a time ----
  * Eight blocks are unpacked once (to a buffer in L1) for all R activation rows; per row, their eight
  * int32 lane vectors fold into one vector of eight block sums (hadd tree), which meets the eight weight
  * scales (one gather) times the row's eight activation scales (one load: the row keeps its scales as an
  * array) in one fmadd, and the minimum term m * s in one more. A last group of under eight blocks goes
- * one block at a time. kind 0 Q4_0 (signed q-8), 1 Q4_1, 2 Q5_0 (signed q-16), 3 Q5_1, 4 Q8_0. */
+ * one block at a time. kind 0 Q4_0 (signed q-8), 1 Q4_1, 2 Q5_0 (signed q-16), 3 Q5_1, 4 Q8_0,
+ * 5 IQ4_NL (signed: the sixteen values). */
 
 /* block j's 32 weights, in element order (signed for kinds 0, 2, 4) */
 V512_INLINE __m256i weights32(int kind, const uint8_t *w) {
@@ -67,7 +68,10 @@ V512_INLINE __m256i weights32(int kind, const uint8_t *w) {
     case 1: return nibbles32(w + 4);
     case 2: return _mm256_sub_epi8(_mm256_or_si256(nibbles32(w + 6), fifth_bits(w + 2)), _mm256_set1_epi8(16));
     case 3: return _mm256_or_si256(nibbles32(w + 8), fifth_bits(w + 4));
-    default: return _mm256_loadu_si256((const __m256i *)(w + 2));
+    case 4: return _mm256_loadu_si256((const __m256i *)(w + 2));
+    default:   /* IQ4_NL: the nibbles index the sixteen values */
+        return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)osg_kvalues_iq4)),
+                                   nibbles32(w + 2));
     }
 }
 
@@ -87,19 +91,21 @@ V512_INLINE __m256i sums8(const __m256i *s) {
     return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
 }
 
-/* the same weights offset to be unsigned (q + off), for the group path: Q4_0 +8, Q5_0 +16, Q8_0 +128 */
+/* the same weights offset to be unsigned (q + off), for the group path: Q4_0 +8, Q5_0 +16, Q8_0 and
+ * IQ4_NL +128 */
 V512_INLINE __m256i weights32u(int kind, const uint8_t *w) {
     switch (kind) {
     case 0: return nibbles32(w + 2);
     case 2: return _mm256_or_si256(nibbles32(w + 6), fifth_bits(w + 2));
     case 4: return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(w + 2)), _mm256_set1_epi8((char)0x80));
+    case 5: return _mm256_xor_si256(weights32(kind, w), _mm256_set1_epi8((char)0x80));
     default: return weights32(kind, w);
     }
 }
 
 V512_INLINE void rows32(int kind, int64_t nb, const uint8_t *w, const uint8_t *a, size_t astride, int R,
                         float *out, int64_t ostride) {
-    static const int bytes[5] = {18, 20, 22, 24, 34};
+    static const int bytes[6] = {18, 20, 22, 24, 34, 18};
     const int bb = bytes[kind], unsig = kind == 1 || kind == 3;
     __m256 acc[RMAX];
     float tail[RMAX];
@@ -111,7 +117,7 @@ V512_INLINE void rows32(int kind, int64_t nb, const uint8_t *w, const uint8_t *a
     }
     /* signed weights go unsigned with their offset taken out as off * dw * s (s = da * sum of a);
      * vpdpbusd takes q + 128 for Q8_0 without saturating */
-    static const float offs[5] = {8.0f, 0.0f, 16.0f, 0.0f, 128.0f};
+    static const float offs[6] = {8.0f, 0.0f, 16.0f, 0.0f, 128.0f, 128.0f};
     const int signtrick = 0;
     __m256i qu[8], qs[8];
     int64_t i = 0;
@@ -312,6 +318,7 @@ V512_INLINE void rows_any(int t, int64_t nb, const uint8_t *w, const uint8_t *a,
     case OSG_Q5_0: rows32(2, nb, w, a, as, R, out, os); break;
     case OSG_Q5_1: rows32(3, nb, w, a, as, R, out, os); break;
     case OSG_Q8_0: rows32(4, nb, w, a, as, R, out, os); break;
+    case OSG_IQ4_NL: rows32(5, nb, w, a, as, R, out, os); break;
     /* one activation row: the 256-bit kernel is faster (12% for Q4_K); a tile of rows: the 512-bit one */
     case OSG_Q4_K:
         if (R == 1) rows_q45k_ymm(0, nb, w, a, as, R, out, os);
@@ -351,6 +358,7 @@ FAMILY(q8_0, OSG_Q8_0)
 FAMILY(q4_k, OSG_Q4_K)
 FAMILY(q5_k, OSG_Q5_K)
 FAMILY(q6_k, OSG_Q6_K)
+FAMILY(iq4_nl, OSG_IQ4_NL)
 
 int osg_fill_avx512(osg_kernels *k) {
     __builtin_cpu_init();
@@ -365,6 +373,8 @@ int osg_fill_avx512(osg_kernels *k) {
     k->dot[OSG_Q4_K] = dot_q4_k; k->multi[OSG_Q4_K] = multi_q4_k;
     k->dot[OSG_Q5_K] = dot_q5_k; k->multi[OSG_Q5_K] = multi_q5_k;
     k->dot[OSG_Q6_K] = dot_q6_k; k->multi[OSG_Q6_K] = multi_q6_k;
+    k->dot[OSG_IQ4_NL] = dot_iq4_nl; k->multi[OSG_IQ4_NL] = multi_iq4_nl;
+    /* IQ4_XS keeps the AVX2 kernel */
     return 1;
 }
 #else
