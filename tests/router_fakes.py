@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import uvicorn
+from clocks import wait_until
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
@@ -68,11 +69,9 @@ class FakeCloud:
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, daemon=True)
         self._thread.start()
-        deadline = time.time() + 10
-        while not self._server.started:
-            if time.time() > deadline:
-                raise RuntimeError("fake server did not start")
-            time.sleep(0.02)
+        # a loaded machine starts the thread late, never wrongly: the bound only guards a hang
+        if not wait_until(lambda: self._server.started):
+            raise RuntimeError("fake server did not start")
         return self
 
     def stop(self) -> None:
