@@ -77,6 +77,7 @@ def main() -> None:
             raise SystemExit("the server did not become healthy")
         httpx.post(f"{url}/v1/embeddings", json={"input": "warm"}, timeout=300).raise_for_status()
         before = requests_by_status(url)
+        at_start = machine()
         t0 = time.monotonic()
         r = subprocess.run(cmd, cwd=work, capture_output=True, encoding="utf-8", errors="replace", check=False)
         seconds = time.monotonic() - t0
@@ -90,7 +91,7 @@ def main() -> None:
         shutil.copytree(work / "report", args.keep_report, dirs_exist_ok=True)
     by_status = {s: int(after[s] - before.get(s, 0)) for s in sorted(after) if after[s] > before.get(s, 0)}
     result: dict[str, Any] = {
-        "benchmark": "schemathesis", "model": model_id, "machine": machine(),
+        "benchmark": "schemathesis", "model": model_id, "machine": at_start,
         "command": " ".join(cmd[1:]).replace(str(work), "WORK"),
         "schemathesis": report.get("schemathesis_version"), "seed": args.seed,
         "operations": report["operations"], "phases": {k: v["status"] for k, v in report["phases"].items()},
