@@ -286,6 +286,9 @@ AVX2_INLINE void rows_q45k(int five, int64_t nb, const uint8_t *w, const uint8_t
         const blk_q4_k *b4 = (const blk_q4_k *)w;
         const uint8_t *qs = five ? ((const blk_q5_k *)w)->qs : b4->qs;
         const __m128i scm = scales_mins(b4->scales);
+        /* each scale twice in a 32-bit lane (lanes 0-7: scales 0-7): one vpermd broadcasts one */
+        const __m256i s16 = _mm256_cvtepu8_epi16(scm);
+        const __m256i sdup = _mm256_permute2x128_si256(_mm256_unpacklo_epi16(s16, s16), _mm256_unpackhi_epi16(s16, s16), 0x20);
         __m256i qh = five ? _mm256_loadu_si256((const __m256i *)((const blk_q5_k *)w)->qh) : _mm256_setzero_si256();
         __m256i sumi[RMAX];
         _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) sumi[r] = _mm256_setzero_si256();
@@ -297,8 +300,8 @@ AVX2_INLINE void rows_q45k(int five, int64_t nb, const uint8_t *w, const uint8_t
                 lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * j2), one), 4));
                 hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * j2 + 1), one), 4));
             }
-            __m256i slo = _mm256_set1_epi16((short)_mm_extract_epi8(scm, 2 * j2));
-            __m256i shi = _mm256_set1_epi16((short)_mm_extract_epi8(scm, 2 * j2 + 1));
+            __m256i slo = _mm256_permutevar8x32_epi32(sdup, _mm256_set1_epi32(2 * j2));
+            __m256i shi = _mm256_permutevar8x32_epi32(sdup, _mm256_set1_epi32(2 * j2 + 1));
             _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
                 const int8_t *av = ((const act256 *)(a + r * astride) + i)->qs + 64 * j2;
                 __m256i plo = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)av));
@@ -329,6 +332,10 @@ AVX2_INLINE void rows_q6k(int64_t nb, const uint8_t *w, const uint8_t *a, size_t
     for (int64_t i = 0; i < nb; i++, w += 210) {
         const blk_q6_k *b = (const blk_q6_k *)w;
         __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b->scales));
+        /* each scale twice in a 32-bit lane, groups 0-7 and 8-15: one vpermd then gives the int16
+         * vector of a 32-element step (group g in the low half, g + 1 in the high half) */
+        __m256i dlo = _mm256_unpacklo_epi16(sc16, sc16), dhi = _mm256_unpackhi_epi16(sc16, sc16);
+        __m256i sdup[2] = {_mm256_permute2x128_si256(dlo, dhi, 0x20), _mm256_permute2x128_si256(dlo, dhi, 0x31)};
         __m256i sumi[RMAX];
         _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
             const act256 *y = (const act256 *)(a + r * astride) + i;
@@ -348,8 +355,8 @@ AVX2_INLINE void rows_q6k(int64_t nb, const uint8_t *w, const uint8_t *a, size_t
             q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low),
                                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), three), 4));
             for (int c = 0; c < 4; c++) {
-                int g = 8 * h + 2 * c;
-                __m256i s = _mm256_set_m128i(_mm_set1_epi16(b->scales[g + 1]), _mm_set1_epi16(b->scales[g]));
+                __m256i s = _mm256_permutevar8x32_epi32(
+                    sdup[h], _mm256_setr_epi32(2 * c, 2 * c, 2 * c, 2 * c, 2 * c + 1, 2 * c + 1, 2 * c + 1, 2 * c + 1));
                 _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
                     const int8_t *av = ((const act256 *)(a + r * astride) + i)->qs + 128 * h + 32 * c;
                     __m256i p = _mm256_maddubs_epi16(q[c], _mm256_loadu_si256((const __m256i *)av));
