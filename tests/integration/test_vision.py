@@ -238,3 +238,9 @@ def test_a_text_only_turn_on_the_vision_model_and_its_text_routes(srv: ServerThr
     assert out.model == MODEL and out.usage.completion_tokens >= 1
     r = httpx.post(f"{srv.url}/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 2}, timeout=60)
     assert r.status_code == 400 and "is a vision model" in r.json()["error"]["message"]
+
+
+def test_a_loaded_vision_model_shows_in_ps(srv: ServerThread, client: openai.OpenAI) -> None:
+    client.chat.completions.create(model=MODEL, max_tokens=1, messages=chat_messages(png(seed=9)))
+    names = [m["name"] for m in httpx.get(f"{srv.url}/api/ps", timeout=30).json()["models"]]
+    assert any(n.startswith(MODEL) for n in names), names

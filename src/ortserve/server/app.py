@@ -229,6 +229,7 @@ def _rag_parts(state: ServerState) -> None:
 
     state.vision = VisionHolder(ModelStore(s.store_dir), ImageLimits(s.image_max_bytes, s.image_max_pixels,
                                                                      s.image_max_images))
+    state.vision.manager = state.manager
 
 
 def validation_to_error(err: RequestValidationError) -> OrtServeError:

@@ -72,6 +72,7 @@ class VisionHolder:
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="vision")   # og's generator: one run at a time
         # loading, decoding, patches and the encoder run here, off the event loop (and beside a run)
         self.prep = ThreadPoolExecutor(2, thread_name_prefix="vision-prep")
+        self.manager: Any = None   # server/manager.ModelManager: budget, keep_alive, ps (as Whisper's)
 
     def variant(self, name: str | None) -> Variant | None:
         if not name:
@@ -81,8 +82,19 @@ class VisionHolder:
     def get(self, v: Variant) -> VisionEngine:
         with self._lock:
             if v.id not in self._loaded:
-                self._loaded[v.id] = VisionEngine(v.model, v.model_dir, self.pool, self.prep)
+                engine = VisionEngine(v.model, v.model_dir, self.pool, self.prep)
+                self._loaded[v.id] = engine
+                if self.manager is not None:
+                    self.manager.adopt_external(v.id, "vision", v.model_dir, engine.vision.memory_bytes(),
+                                                lambda vid=v.id: self.close(vid))
+            if self.manager is not None:
+                self.manager.touch(v.id)
             return self._loaded[v.id]
+
+    def close(self, model_id: str) -> None:
+        """Drop a loaded model (the manager's keep_alive or eviction); a run in flight keeps its own."""
+        with self._lock:
+            self._loaded.pop(model_id, None)
 
 
 class VisionEngine:
