@@ -8,8 +8,6 @@ so torch never enters the server), with ``close`` and a memory estimate for a bu
 from __future__ import annotations
 
 import asyncio
-import threading
-from typing import Any
 
 from ortserve.engine.embed import Embedder
 from ortserve.errors import InvalidRequest, NotFound
@@ -21,16 +19,18 @@ from ortserve.models.embed_import import (
     ensure_default_embedding,
 )
 from ortserve.models.store import ModelStore, Variant
+from ortserve.server.holder import ModelHolder
 
 
-class EmbeddingHolder:
+class EmbeddingHolder(ModelHolder[Embedder]):
+    kind = "embedding"
+
     def __init__(self, store: ModelStore, default: str = DEFAULT_EMBED_MODEL, threads: int = 0) -> None:
-        self.store = store
+        super().__init__(store, threads)
         self.default = default
-        self.threads = threads
-        self._loaded: dict[str, tuple[Variant, Embedder]] = {}
-        self._lock = threading.Lock()
-        self.manager: Any = None  # server/manager.ModelManager: budget, keep_alive, ps (issue 20)
+
+    def open(self, v: Variant) -> Embedder:
+        return Embedder(v.model_dir, threads=self.threads)
 
     def resolve(self, ref: str | None) -> Variant:
         """The embedding variant a request names; 404 unknown, 400 a chat model."""
@@ -46,32 +46,8 @@ class EmbeddingHolder:
                                  f"use e.g. '{DEFAULT_EMBED_MODEL}'", param="model", code="wrong_model_kind")
         return emb[0] if ":" in ref else choose_embedding(emb)
 
-    def get(self, ref: str | None = None) -> tuple[Variant, Embedder]:
-        with self._lock:
-            v = self.resolve(ref)
-            if v.id not in self._loaded:
-                e = Embedder(v.model_dir, threads=self.threads)
-                self._loaded[v.id] = (v, e)
-                if self.manager is not None:
-                    self.manager.adopt_external(v.id, "embedding", v.model_dir, e.memory_bytes(),
-                                                lambda vid=v.id: self.close(vid))
-            if self.manager is not None:
-                self.manager.touch(v.id)
-            return self._loaded[v.id]
-
     async def aget(self, ref: str | None = None) -> tuple[Variant, Embedder]:
         return await asyncio.to_thread(self.get, ref)
-
-    def loaded(self) -> list[dict[str, Any]]:
-        return [{"id": v.id, "memory_bytes": e.memory_bytes()} for v, e in self._loaded.values()]
-
-    def memory_bytes(self) -> int:
-        return sum(e.memory_bytes() for _, e in self._loaded.values())
-
-    def close(self, ref: str | None = None) -> None:
-        with self._lock:
-            for key in [k for k in self._loaded if ref is None or k == ref or k.split(":")[0] == ref]:
-                del self._loaded[key]
 
     def installed(self) -> list[Variant]:
         return embedding_variants(self.store, self.default)

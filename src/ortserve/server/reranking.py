@@ -10,15 +10,18 @@ use and kept with the embedding models in the manager's budget and ``ps``; any c
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ortserve.errors import ContextLengthExceeded, InvalidRequest, NotFound, OrtServeError
 from ortserve.rerank import Ranked, order
 from ortserve.rerank.cross_encoder import CrossEncoder
 from ortserve.rerank.judge import judge
+from ortserve.server.holder import ModelHolder
+
+if TYPE_CHECKING:
+    from ortserve.models.store import Variant
 
 MAX_DOCUMENTS = 1000        # Cohere's recommended ceiling per request
 RERANK_POOL = 50            # vector-store search: candidates fetched for the reranker to reorder
@@ -31,17 +34,15 @@ class Reranked:
     prompt_tokens: int
 
 
-class RerankerHolder:
+class RerankerHolder(ModelHolder[CrossEncoder]):
     """Cross-encoder sessions by store variant id, loaded on first use."""
 
-    def __init__(self, store: Any, threads: int = 0) -> None:
-        self.store = store
-        self.threads = threads
-        self._loaded: dict[str, CrossEncoder] = {}
-        self._lock = threading.Lock()
-        self.manager: Any = None
+    kind = "reranker"
 
-    def variant(self, name: str) -> Any | None:
+    def open(self, v: Variant) -> CrossEncoder:
+        return CrossEncoder(v.model_dir, threads=self.threads)
+
+    def variant(self, name: str) -> Variant | None:
         """The reranker variant ``name`` means; None when it is no reranker (a chat model, or unknown)."""
         hits = self.store.find(name)
         if hits and all(v.kind == "embedding" for v in hits):
@@ -49,22 +50,6 @@ class RerankerHolder:
                                  "model", param="model", code="wrong_model_kind")
         ce = [v for v in hits if v.kind == "reranker"]
         return ce[0] if ce else None
-
-    def get(self, v: Any) -> CrossEncoder:
-        with self._lock:
-            if v.id not in self._loaded:
-                ce = self._loaded[v.id] = CrossEncoder(v.model_dir, threads=self.threads)
-                if self.manager is not None:
-                    self.manager.adopt_external(v.id, "reranker", v.model_dir, ce.memory_bytes(),
-                                                lambda vid=v.id: self.close(vid))
-            if self.manager is not None:
-                self.manager.touch(v.id)
-            return self._loaded[v.id]
-
-    def close(self, ref: str | None = None) -> None:
-        with self._lock:
-            for key in [k for k in self._loaded if ref is None or k == ref]:
-                del self._loaded[key]
 
 
 def holder_of(state: Any) -> RerankerHolder:
@@ -89,7 +74,7 @@ async def rerank(state: Any, model: str | None, query: str, documents: Sequence[
     holder = holder_of(state)
     v = await asyncio.to_thread(holder.variant, model) if model else None
     if v is not None:
-        ce = await asyncio.to_thread(holder.get, v)
+        _, ce = await asyncio.to_thread(holder.hold, v)
         res = await asyncio.to_thread(ce.score, query, list(documents), max_length=None,
                                       max_doc_tokens=max_tokens_per_doc)
         return Reranked(v.id, order(res.scores.tolist(), top_n), res.prompt_tokens)

@@ -22,24 +22,23 @@ from ortserve.audio.whisper import WhisperModel
 from ortserve.errors import InvalidRequest, NotFound, Overloaded
 from ortserve.models.store import ModelStore, Variant
 from ortserve.models.whisper_import import PACKAGED_ID, PACKAGES, import_packaged
+from ortserve.server.holder import ModelHolder
 
 AUDIO_NICE = 10     # audio threads' nice value: below chat, which keeps 0
 OPENAI_NAMES = ("whisper-1", "gpt-4o-transcribe", "gpt-4o-mini-transcribe", "default")
 
 
-class SpeechHolder:
+class SpeechHolder(ModelHolder[WhisperModel]):
+    kind = "audio"
+
     def __init__(self, store: ModelStore, default: str = PACKAGED_ID, concurrency: int = 1, queue: int = 4,
                  threads: int = 0) -> None:
-        self.store = store
+        super().__init__(store, threads)
         self.default = default
         self.concurrency = concurrency
         self.queue = queue
-        self.threads = threads
-        self._loaded: dict[str, tuple[Variant, WhisperModel]] = {}
-        self._lock = threading.Lock()
         self._slots = asyncio.Semaphore(concurrency)
         self.admitted = 0               # running + waiting
-        self.manager: Any = None        # server/manager.ModelManager: budget, keep_alive, ps
         self.metrics: tuple[Any, Any, Any] | None = None   # Prometheus series (bind_metrics)
         # audio work runs in its own threads at a lower CPU priority (ONNX Runtime's threads, made
         # while a model loads here, inherit it), so chat steps win the cores when both want them
@@ -61,23 +60,8 @@ class SpeechHolder:
                                  f"use e.g. '{self.default}'", param="model", code="wrong_model_kind")
         return min(audio, key=lambda v: v.precision != "int8")
 
-    def get(self, ref: str | None) -> tuple[Variant, WhisperModel]:
-        with self._lock:
-            v = self.resolve(ref)
-            if v.id not in self._loaded:
-                m = WhisperModel(v.model_dir, self.threads)
-                self._loaded[v.id] = (v, m)
-                if self.manager is not None:
-                    self.manager.adopt_external(v.id, "audio", v.model_dir, m.memory_bytes(),
-                                                lambda vid=v.id: self.close(vid))
-            if self.manager is not None:
-                self.manager.touch(v.id)
-            return self._loaded[v.id]
-
-    def close(self, ref: str | None = None) -> None:
-        with self._lock:
-            for key in [k for k in self._loaded if ref is None or k == ref or k.split(":")[0] == ref]:
-                del self._loaded[key]
+    def open(self, v: Variant) -> WhisperModel:
+        return WhisperModel(v.model_dir, self.threads)
 
     def reserve(self) -> None:
         """A place among the running and waiting transcriptions; 429 when the queue is full."""
