@@ -34,9 +34,9 @@ from _common import emit, machine, model_dir
 from ortserve.loopback import wait_healthy
 
 
-def requests_by_status(url: str) -> dict[str, float]:
+def requests_by_status(url: str, headers: dict[str, str]) -> dict[str, float]:
     out: dict[str, float] = {}
-    for line in httpx.get(f"{url}/metrics", timeout=60).text.splitlines():
+    for line in httpx.get(f"{url}/metrics", headers=headers, timeout=60).text.splitlines():
         if line.startswith("ortserve_requests_total{"):
             status = line.split('status="', 1)[1].split('"', 1)[0]
             out[status] = out.get(status, 0.0) + float(line.rsplit(" ", 1)[1])
@@ -52,6 +52,9 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=45)
     ap.add_argument("--request-timeout", type=float, default=120)
     ap.add_argument("--port", type=int, default=8795)
+    ap.add_argument("--key-scope", choices=("none", "user", "admin"), default="none",
+                    help="serve with a key file (ORTSERVE_API_KEYS_FILE) holding one key of this scope, and "
+                         "send it: the tenant paths (owners, 403 on admin routes for a user key) fuzzed too")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--keep-report", type=Path, default=None, help="copy schemathesis' own reports here")
     args = ap.parse_args()
@@ -63,6 +66,11 @@ def main() -> None:
     env = {**os.environ, "ORTSERVE_HOME": str(home), "ORTSERVE_LOG_LEVEL": "warning"}
     env.pop("ORTSERVE_API_KEY", None)
     env.pop("ORTSERVE_API_KEYS_FILE", None)
+    headers: list[str] = []
+    if args.key_scope != "none":
+        (work / "keys").write_text(f"fuzz osk-fuzz-key-45 {args.key_scope}\n", encoding="utf-8")
+        env["ORTSERVE_API_KEYS_FILE"] = str(work / "keys")
+        headers = ["-H", "Authorization: Bearer osk-fuzz-key-45"]
     server = subprocess.Popen([sys.executable, "-m", "ortserve.cli.main", "serve", "--model", str(path),
                                "--port", str(args.port), "--max-tokens-cap", "8", "--default-max-tokens", "4"],
                               env=env)
@@ -71,17 +79,18 @@ def main() -> None:
     cmd = [st, "run", f"{url}/openapi.json", "--checks", "not_a_server_error", "--phases", args.phases,
            "--max-examples", str(args.max_examples), "--seed", str(args.seed), "--workers", str(args.workers),
            "--request-timeout", str(args.request_timeout), "--generation-database", "none", "--no-color",
-           "--continue-on-failure", "--report", "json,ndjson", "--report-dir", str(work / "report")]
+           "--continue-on-failure", "--report", "json,ndjson", "--report-dir", str(work / "report"), *headers]
     try:
         if not wait_healthy(url, 300, poll=0.5):
             raise SystemExit("the server did not become healthy")
-        httpx.post(f"{url}/v1/embeddings", json={"input": "warm"}, timeout=300).raise_for_status()
-        before = requests_by_status(url)
+        auth = {"Authorization": "Bearer osk-fuzz-key-45"} if headers else {}
+        httpx.post(f"{url}/v1/embeddings", json={"input": "warm"}, headers=auth, timeout=300).raise_for_status()
+        before = requests_by_status(url, auth)
         at_start = machine()
         t0 = time.monotonic()
         r = subprocess.run(cmd, cwd=work, capture_output=True, encoding="utf-8", errors="replace", check=False)
         seconds = time.monotonic() - t0
-        after = requests_by_status(url)
+        after = requests_by_status(url, auth)
         alive = server.poll() is None
     finally:
         server.terminate()
@@ -93,7 +102,7 @@ def main() -> None:
     result: dict[str, Any] = {
         "benchmark": "schemathesis", "model": model_id, "machine": at_start,
         "command": " ".join(cmd[1:]).replace(str(work), "WORK"),
-        "schemathesis": report.get("schemathesis_version"), "seed": args.seed,
+        "schemathesis": report.get("schemathesis_version"), "seed": args.seed, "key_scope": args.key_scope,
         "operations": report["operations"], "phases": {k: v["status"] for k, v in report["phases"].items()},
         "cases": report["test_cases"]["generated"], "test_cases": report["test_cases"],
         "requests_by_status": by_status, "requests": sum(by_status.values()),
