@@ -206,3 +206,14 @@ def test_index_is_refreshed_not_reloaded_and_chunk_ids_are_never_reused(store: t
     assert np.array_equal(idx.vectors, np.stack([np.frombuffer(r[1], np.float32) for r in truth]))
     assert idx.bits is not None and np.array_equal(idx.bits, search_mod.binarize(idx.vectors))
     assert idx.file_of(ids) == [fid] * len(ids) and newest[0] not in idx.attrs
+
+
+def test_a_deleted_store_leaves_nothing_behind_in_memory(store: tuple[RagStore, str]) -> None:
+    """Stores created, searched and deleted for as long as a server runs (the soak's churn) must not
+    grow anything: no connection, dense index or last-active entry stays for a deleted id."""
+    rag, vid = store
+    rag.search(vid, "fruit", k=1)
+    assert vid in rag._stores and vid in rag._dense and vid in rag._touched
+    rag.delete_store(vid)
+    assert vid not in rag._stores and vid not in rag._dense and vid not in rag._touched
+    assert not list((rag.root / "stores").glob(f"{vid}.sqlite*"))

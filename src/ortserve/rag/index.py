@@ -196,6 +196,7 @@ class RagStore(SearchMixin, JobsMixin):
             if con is not None:
                 con.close()
             self._dense.pop(vid, None)
+            self._touched.pop(vid, None)   # else one entry per store ever searched, for the server's life
             with tx(self.main) as m:
                 m.execute("DELETE FROM vector_stores WHERE id=?", (vid,))
             for suffix in ("", "-wal", "-shm"):
