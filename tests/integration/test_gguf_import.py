@@ -17,12 +17,19 @@ from ortserve.models.importer import import_gguf
 from ortserve.models.store import ModelStore
 
 
-@pytest.mark.parametrize("streamed", [False, True], ids=["builder", "streamed"])
-def test_default_gguf_import_is_exact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, streamed: bool) -> None:
+@pytest.mark.parametrize("path", ["builder", "streamed", "native"])
+def test_default_gguf_import_is_exact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, path: str) -> None:
     """A small file goes through the builder's graph; one of STREAM_MIN_BYTES or more (here: any)
-    through the graph written from its metadata, blocks streamed (test_gguf_stream.py checks it)."""
+    through the graph written from its metadata, blocks streamed (test_gguf_stream.py checks it);
+    any size on the GGUF-native kernels where they are active (test_gguf_native_import.py)."""
     from ortserve.models import gate_segments, gguf_fast
+    from ortserve.models.gguf_native import plan
 
+    streamed = path != "builder"
+    if path == "native" and not plan().use:
+        pytest.skip(f"GGUF-native kernels not active: {plan().reason}")
+    if path != "native":   # today's MatMulNBits graphs
+        monkeypatch.setenv("ORTSERVE_NATIVE", "0")
     if streamed:   # and the gate a layer at a time, with the decode-speed run asked for
         monkeypatch.setattr(gguf_fast, "STREAM_MIN_BYTES", 0)
         monkeypatch.setattr(gate_segments, "BUDGET", 1)
@@ -32,13 +39,17 @@ def test_default_gguf_import_is_exact(tmp_path: Path, monkeypatch: pytest.Monkey
                     speed=streamed)
     assert (v.variant, v.precision) == ("q4_1-cpu", "q4_1")
     exact = v.notes["gguf_exact"]
-    if streamed:
+    assert exact["kernels"] == ("gguf-native" if path == "native" else "matmulnbits")
+    if path == "native":   # the file's rows, checked against the MatMulNBits graph's fp32 reference
+        assert exact["method"] == "gguf-exact-streamed" and exact["logit_error"]["ok"]
+        assert any(m.startswith("native: logits") for m in said), said
+    elif streamed:
         assert exact["method"] == "gguf-exact-streamed" and exact["graph_version"] == 3
         assert exact["max_weight_error"] < 1e-6 and exact["checked_tensors"] == 2 * 7 + 1
     else:
         assert exact["max_weight_error"] < 1e-6 and exact["logit_error"]["fp32_compute"] < 2e-3
     assert abs(v.quality["delta_pct"]) < 1.0 and v.quality["reference_perplexity"] > 1
-    assert any("GGUF blocks" in m for m in said)
+    assert any("GGUF blocks" in m or "GGUF-native graph" in m for m in said)
     assert (v.speed.get("decode_tps", 0) > 0) == streamed   # measured only when asked: it loads the whole model
     assert any(m.startswith("measuring perplexity") and m.endswith("and speed") == streamed for m in said), said
     assert [x.variant for x in store.find("tiny")] == ["q4_1-cpu"]

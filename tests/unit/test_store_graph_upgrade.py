@@ -26,6 +26,13 @@ from ortserve.models.gguf_exact import GRAPH_VERSION
 from ortserve.models.store import MANIFEST, ModelStore
 
 
+@pytest.fixture(autouse=True)
+def matmulnbits_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The graph-version rule alone: with the GGUF-native kernels on, a variant on MatMulNBits is
+    also stale (gguf_native_import.kernels_stale; tests/integration/test_gguf_native_import.py)."""
+    monkeypatch.setenv("ORTSERVE_NATIVE", "0")
+
+
 def install_exact(store: ModelStore, graph_version: int | None, source: str | None = None,
                   model: str = DEFAULT_MODEL) -> Path:
     """The default model's exact variant as an importer of ``graph_version`` left it (None:

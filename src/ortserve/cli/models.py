@@ -134,6 +134,8 @@ def show_cmd(ref: str, device: str | None, as_json: bool) -> None:
         click.echo(f"  precision     {v.precision} for {v.device}" +
                    (f"  options {v.notes['builder_options']}" if v.notes.get("builder_options") else ""))
         click.echo(f"  size          {_fmt_mb(v.size_bytes)} in {len(v.files)} files")
+        if v.notes.get("gguf_exact"):   # which kernels run the file's blocks (docs/gguf.md)
+            click.echo(f"  kernels       {_kernels(v.notes['gguf_exact'])}")
         click.echo(f"  perplexity    {_quality(v)}" + (f"  reference {v.quality['reference_perplexity']:.2f}"
                                                        if v.quality.get("reference_perplexity") else ""))
         click.echo(f"  decode        {_speed(v)} tok/s (single stream, CPU)")
@@ -379,3 +381,9 @@ def import_bundle_cmd(directory: Path, as_json: bool) -> None:
 
 if __name__ == "__main__":
     models_group(prog_name="ortserve models")
+
+
+def _kernels(exact: dict[str, Any]) -> str:
+    kernels = exact.get("kernels", "matmulnbits")
+    why = exact.get("native_refused") or exact.get("native_off")
+    return kernels + (f" ({exact['native_isa']})" if exact.get("native_isa") else "") + (f"; native: {why}" if why else "")

@@ -18,7 +18,7 @@ from typing import Any
 
 log = logging.getLogger("ortserve.engine")
 
-_HEADS = {"MatMul", "MatMulNBits", "Gemm"}
+_HEADS = {"MatMul", "MatMulNBits", "Gemm", "GgufMatMul"}   # GgufMatMul: models/gguf_native.py
 _PASS = {"Cast", "Identity"}  # may sit between the LM head and the output (fp16 models)
 
 
@@ -72,7 +72,7 @@ def gather_positions(model: Any) -> bool:
 
 
 def lm_head(graph: Any) -> Any:
-    """The MatMul/MatMulNBits/Gemm node that produces ``logits`` (through any Cast/Identity),
+    """The MatMul/MatMulNBits/Gemm/GgufMatMul node that produces ``logits`` (through any Cast/Identity),
     or None when the graph has no recognizable LM head."""
     producer = {out: node for node in graph.node for out in node.output}
     node = producer.get("logits")

@@ -22,7 +22,7 @@ import numpy as np
 from ortserve.engine.graph import LOGIT_ROWS, gather_positions, load_decoder
 from ortserve.engine.kvcache import DeviceKV, HostKV, device_of
 from ortserve.engine.lora import Adapter, LoraInputs, add_lora, find_targets, split_key
-from ortserve.engine.runtime import anon_mappings, use_huge_pages
+from ortserve.engine.runtime import anon_mappings, register_custom_ops, use_huge_pages
 from ortserve.errors import ModelError
 
 log = logging.getLogger("ortserve.engine")
@@ -112,9 +112,9 @@ class Runner:
             add_lora(proto, self.lora_targets, self.lora_dtype, lora_mode)
         self.lora_mode = lora_mode
         edited = bytes(proto.SerializeToString()) if sliced or lora else None
+        session_options = register_custom_ops(session_options or ort.SessionOptions(), spec.onnx_path.parent)
         if edited is not None:
             model = edited
-            session_options = session_options or ort.SessionOptions()
             session_options.add_session_config_entry("session.model_external_initializers_file_folder_path",
                                                      str(spec.onnx_path.parent))
         self.last_logits_only = bool(sliced)

@@ -142,6 +142,28 @@ def session_options(settings: Any, model_options: dict[str, Any] | None = None) 
     return so
 
 
+def custom_ops_library(model_dir: Path) -> Path | None:
+    """The custom-op library a model folder's graph needs (genai_config.json's decoder
+    ``session_options.custom_ops_library``, a file inside the folder: the GGUF-native kernels of
+    models/gguf_native.py), or None."""
+    import json
+
+    try:
+        cfg = json.loads((Path(model_dir) / "genai_config.json").read_text(encoding="utf-8"))
+        name = cfg["model"]["decoder"].get("session_options", {}).get("custom_ops_library")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return (Path(model_dir) / name).resolve() if name else None
+
+
+def register_custom_ops(so: Any, model_dir: Path) -> Any:
+    """Register the model folder's custom-op library (if it names one) in ``so``; returns ``so``."""
+    lib = custom_ops_library(model_dir)
+    if lib is not None:
+        so.register_custom_ops_library(str(lib))
+    return so
+
+
 def spinning_wanted(setting: bool | str, loadavg: Any = None, cores: int | None = None) -> bool:
     """Whether ONNX Runtime's worker threads should spin. Spinning saves a thread wake-up per kernel
     (a step runs ~670 small kernels): +25% single-stream decode on the idle 2-core machine (docs/bench.md),

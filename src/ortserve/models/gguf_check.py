@@ -89,8 +89,11 @@ def _row_slice(model: Any, t: Any, start: int, n: int) -> str:
 def logits(onnx_path: Path, ids: np.ndarray, kv_heads: int, head_size: int) -> np.ndarray:
     import onnxruntime as ort
 
+    from ortserve.engine.runtime import register_custom_ops
+
     so = ort.SessionOptions()
     so.log_severity_level = 3
+    register_custom_ops(so, Path(onnx_path).parent)   # a GGUF-native graph's kernels (gguf_native)
     sess = ort.InferenceSession(str(onnx_path), so, providers=["CPUExecutionProvider"])
     feeds: dict[str, Any] = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
     for i in sess.get_inputs():

@@ -25,6 +25,7 @@ import numpy as np
 from ortserve.errors import ModelError
 from ortserve.models.gguf_families import FAMILY_ARCHITECTURES, genai_type, refuse_unsupported, writer_for
 from ortserve.models.gguf_graph import STREAM_ARCHITECTURES, Spec
+from ortserve.models.gguf_native import NativeOps, Plan, install_library, uses_native, weight_bytes_per_token
 from ortserve.models.gguf_reader import GGUFWeights, _field, count_types, preflight
 from ortserve.models.gguf_rope import scales_rope
 from ortserve.models.gguf_stream import DataFile
@@ -131,8 +132,10 @@ def smoke_logits(model_dir: Path, spec: Spec, n_tokens: int = 8) -> float:
 
 
 def import_gguf_streamed(gguf_path: Path, out_dir: Path, *, progress: Progress | None = None,
-                         smoke: bool = True) -> dict[str, Any]:
-    """Write the exact ONNX GenAI model of ``gguf_path`` into ``out_dir``; returns the report."""
+                         smoke: bool = True, native: Plan | None = None) -> dict[str, Any]:
+    """Write the exact ONNX GenAI model of ``gguf_path`` into ``out_dir``; returns the report.
+    ``native`` (a usable gguf_native.Plan): the matrices its library reads go on its GgufMatMul /
+    GgufGather ops, and the library is copied into ``out_dir`` and named in genai_config.json."""
     import onnx
 
     say = progress or (lambda _m: None)
@@ -148,13 +151,19 @@ def import_gguf_streamed(gguf_path: Path, out_dir: Path, *, progress: Progress |
     data = DataFile(out_dir / "model.onnx.data")
     try:
         writer = writer_for(spec.arch)(weights, spec, data)
+        writer.native = NativeOps(native) if native is not None and native.use else None
         model = writer.build()
     finally:
         data.close()
     onnx.save_model(model, str(out_dir / "model.onnx"))
+    kernels = "gguf-native" if uses_native(model) else "matmulnbits"
+    read = weight_bytes_per_token(model)
     del model
     report, checks = writer.report, writer.checks
+    writer_native_nodes = writer.native.nodes if writer.native is not None else 0
     config = genai_config(spec, weights)
+    if kernels == "gguf-native" and native is not None:   # onnxruntime-genai loads it from the folder
+        config["model"]["decoder"]["session_options"]["custom_ops_library"] = install_library(native, out_dir)
     del writer, weights   # unmap the GGUF before onnxruntime maps the new weights (peak RSS)
     gc.collect()
     release_freed_memory()
@@ -169,7 +178,9 @@ def import_gguf_streamed(gguf_path: Path, out_dir: Path, *, progress: Progress |
     return {"method": "gguf-exact-streamed", "graph_version": GRAPH_VERSION, "gguf_types": types,
             "nodes": len(report), "folded_minimums": sum(n["offsets"] for n in report),
             "max_weight_error": checks.max_error, "checked_tensors": checks.tensors,
-            "smoke_max_logit": peak, "seconds": round(time.monotonic() - t0, 2)}
+            "smoke_max_logit": peak, "seconds": round(time.monotonic() - t0, 2), "kernels": kernels,
+            "weight_bytes_per_token": read,
+            **({"native_isa": native.isa, "native_nodes": writer_native_nodes} if kernels == "gguf-native" else {})}
 
 
 def fp32_compute_perplexity(model_dir: Path) -> float:

@@ -96,6 +96,7 @@ class GraphWriter:
         self.shared: dict[str, str] = {}
         self.report: list[dict[str, Any]] = []
         self.cos_sin: tuple[str, ...] = ()
+        self.native: Any = None   # gguf_native.NativeOps: matrices on the project's GGUF-native ops
 
     # ---- primitives -----------------------------------------------------------------
     def node(self, op: str, inputs: list[str], name: str, n_out: int = 1, **attrs: Any) -> list[str]:
@@ -103,7 +104,8 @@ class GraphWriter:
 
         outs = [f"{name}/output_{i}" for i in range(n_out)]
         domain = "com.microsoft" if op in ("GroupQueryAttention", "SkipSimplifiedLayerNormalization",
-                                           "MatMulNBits", "GatherBlockQuantized", "FastGelu") else ""
+                                           "MatMulNBits", "GatherBlockQuantized", "FastGelu") else \
+            "ortserve.gguf" if op in ("GgufMatMul", "GgufGather") else ""
         self.nodes.append(helper.make_node(op, inputs, outs, name=name, domain=domain, **attrs))
         return outs
 
@@ -141,6 +143,8 @@ class GraphWriter:
         """y = x @ W^T for the rows of ``names``; returns (y, the node's weights or None)."""
         base = name.strip("/").replace("/", ".")
         types = [self.w.qtype(n) for n in names]
+        if self.native is not None and self.native.covers(self.w, names):
+            return self.native.linear(self, x, names, name)   # the file's rows on GgufMatMul
         if is_float(self.w, names):
             w = dense_rows(self.w, names)
             wt = self.init(f"{base}.gguf_dense_t", np.ascontiguousarray(w.T))
@@ -167,8 +171,7 @@ class GraphWriter:
         biases = [f"{p}.attn_{t}.bias" for t in "qkv"]
         has_bias = all(b in self.w.tensors for b in biases)
         qk_norm = f"{p}.attn_q_norm.weight" in self.w.tensors
-        same = len({common_layout(self.w, (n,)) if not is_float(self.w, (n,)) else "f" for n in qkv}) == 1
-        if same:
+        if self.fusable(qkv):
             fused = self.linear(x, qkv, f"{a}/qkv_proj")[0]
             if has_bias:
                 b = self.init(f"model.layers.{i}.attn.qkv_proj.bias", np.concatenate([vector(self.w, n) for n in biases]))
@@ -196,6 +199,12 @@ class GraphWriter:
                         kv_num_heads=s.kv_heads, do_rotary=1, rotary_interleaved=0, **self.gqa_attrs(i))
         self.nodes[-1].output[1:] = [f"present.{i}.key", f"present.{i}.value"]
         return self.linear(out[0], (f"{p}.attn_output.weight",), f"{a}/o_proj")[0]
+
+    def fusable(self, names: tuple[str, ...]) -> bool:
+        """One node for these row sets: one block type on the native ops, else one MatMulNBits layout."""
+        if self.native is not None and self.native.covers(self.w, names):
+            return self.native.fusable(self.w, names)
+        return len({common_layout(self.w, (n,)) if not is_float(self.w, (n,)) else "f" for n in names}) == 1
 
     # ---- hooks a family overrides (gguf_families.FamilyWriter) ------------------------------
     def gqa_attrs(self, i: int) -> dict[str, Any]:
@@ -240,7 +249,7 @@ class GraphWriter:
     def mlp(self, i: int, x: str) -> str:
         p, m = f"blk.{i}", f"/model/layers.{i}/mlp"
         gate_up = (f"{p}.ffn_gate.weight", f"{p}.ffn_up.weight")
-        if not is_float(self.w, gate_up) and len({common_layout(self.w, (n,)) for n in gate_up}) == 1:
+        if not is_float(self.w, gate_up) and self.fusable(gate_up):
             fused = self.linear(x, gate_up, f"{m}/gate_up_proj")[0]
             sizes = self.const(f"model.layers.{i}.mlp.gate_up_proj.gguf_split", np.array([self.spec.ffn] * 2, np.int64))
             gate, up = self.node("Split", [fused, sizes], f"{m}/gate_up_proj/gguf_split", n_out=2, axis=-1)
@@ -279,6 +288,9 @@ class GraphWriter:
     def embedding(self, head: Any) -> str:
         """Token embeddings: the LM head's own blocks when tied, else token_embd's."""
         name = "token_embd.weight"
+        native = self.native.embedding(self, head) if self.native is not None else None
+        if native is not None:
+            return native
         if self.spec.tied and head is not None:
             nw = head
         elif is_float(self.w, (name,)):
@@ -327,8 +339,8 @@ class GraphWriter:
         self.rename(final, head_x)
         self.nodes += head_nodes
         self.rename(self.final_logits(logits_src), "logits")
-        return helper.make_model(self.graph(), opset_imports=[helper.make_opsetid("", 21),
-                                                              helper.make_opsetid("com.microsoft", 1)],
+        domains = [("", 21), ("com.microsoft", 1)] + ([("ortserve.gguf", 1)] if self.native and self.native.nodes else [])
+        return helper.make_model(self.graph(), opset_imports=[helper.make_opsetid(d, v) for d, v in domains],
                                  ir_version=10, producer_name="ortserve-gguf")
 
     def rename(self, old: str, new: str) -> None:

@@ -117,10 +117,12 @@ def stale_exact(v: Variant) -> str | None:
     if not exact or v.link:
         return None
     from ortserve.models.gguf_exact import GRAPH_VERSION, GRAPH_VERSIONS
+    from ortserve.models.gguf_native_import import kernels_stale
 
     have = int(exact.get("graph_version", 1))
     if have >= GRAPH_VERSION:
-        return None
+        kernels = kernels_stale(exact)
+        return f"{v.id} runs on {exact.get('kernels', 'matmulnbits')}, but {kernels}" if kernels else None
     return (f"{v.id} has exact-graph version {have}; version {GRAPH_VERSION} "
             f"({GRAPH_VERSIONS[GRAPH_VERSION]}) is faster")
 
@@ -174,12 +176,18 @@ def _exact_plan(gguf: Path, device: str, progress: Progress | None) -> str | Non
 def _build_exact(store: ModelStore, gguf: Path, model_id: str, tmp: Path, progress: Progress | None,
                  aliases: list[str] | None, speed: bool) -> dict[str, Any]:
     from ortserve.models import gguf_exact, gguf_fast
+    from ortserve.models.gguf_native_import import try_native
 
     weights = gguf_exact.preflight(gguf)
     precision, stream = gguf_exact.exact_precision(weights), gguf_fast.streamable(weights)
     del weights   # the reader maps the file: let it go before the import maps it again
     faults.point("gguf.begun")
-    if stream:   # graph from metadata, blocks streamed: ~the file's size in memory (docs/gguf.md)
+    # the file's own blocks on ortserve's GGUF-native kernels where the library is usable (gguf_native)
+    report, ref, why_not = try_native(gguf, tmp, progress, known_reference(store, model_id))
+    if report is not None:
+        if progress:
+            progress("measuring perplexity" + (" and speed" if speed else ""))
+    elif stream:   # graph from metadata, blocks streamed: ~the file's size in memory (docs/gguf.md)
         report = gguf_fast.import_gguf_streamed(gguf, tmp, progress=progress, smoke=False)   # measured next
         if progress:
             progress("measuring perplexity (fp32 compute = the reference)" + (" and speed" if speed else ""))
@@ -195,6 +203,7 @@ def _build_exact(store: ModelStore, gguf: Path, model_id: str, tmp: Path, progre
             shutil.rmtree(work, ignore_errors=True)   # before measuring speed: free the fp32 copy
         if progress:
             progress("measuring perplexity" + (" and speed" if speed else ""))
+    report = {"kernels": "matmulnbits", **report, **why_not}   # why not native, when it is not
     faults.point("gguf.written")
     fields = {"precision": precision, "device": "cpu", **genai_facts(tmp),
               **measure(tmp, "cpu", ref, speed=speed)}

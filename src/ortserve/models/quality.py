@@ -69,6 +69,7 @@ def token_logprobs(model_dir: Path, ids: list[int], window: int = 512, budget: i
     import onnx
     import onnxruntime as ort
 
+    from ortserve.engine.runtime import register_custom_ops
     from ortserve.models.gate_segments import BUDGET, run_layered
 
     cfg = json.loads((Path(model_dir) / "genai_config.json").read_text(encoding="utf-8"))["model"]["decoder"]
@@ -78,6 +79,7 @@ def token_logprobs(model_dir: Path, ids: list[int], window: int = 512, budget: i
     so = ort.SessionOptions()
     so.log_severity_level = 3
     so.enable_cpu_mem_arena = False   # a window's activations go back to the system, not to an arena
+    register_custom_ops(so, Path(model_dir))   # a GGUF-native graph's kernels (models/gguf_native.py)
 
     def session(path: Path) -> Any:
         return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])

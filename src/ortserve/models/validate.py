@@ -257,6 +257,11 @@ def check_onnx_dir(path: Path) -> dict[str, Any]:
                          hint="copy the ONNX file(s) next to genai_config.json")
     if not (path / "tokenizer.json").is_file():
         raise ModelError(f"{path} has no tokenizer.json", hint="copy the model's tokenizer.json next to it")
+    lib = (decoder.get("session_options") or {}).get("custom_ops_library")   # GGUF-native kernels (gguf_native)
+    if lib is not None and (not isinstance(lib, str) or Path(lib).is_absolute() or not _inside(path, path / lib)
+                            or not (path / lib).is_file()):
+        raise ModelError(f"genai_config.json names the custom-op library {lib!r}, which is not a file in the "
+                         "model directory", hint="a model's custom-op library must be a file inside its directory")
     for p in path.rglob("*"):
         if p.is_symlink() and not _inside(path, p):
             raise ModelError(f"{p.name} is a link to outside the model directory",
