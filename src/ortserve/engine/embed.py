@@ -66,23 +66,12 @@ class Embedder:
     """Thread-safe: onnxruntime sessions may run concurrently; tokenizers are per call."""
 
     def __init__(self, model_dir: Path, *, threads: int = 0) -> None:
-        import onnxruntime as ort
-
         self.model_dir = Path(model_dir)
         self.config = EmbedConfig.read(self.model_dir)
-        onnx_path = self.model_dir / "model.onnx"
-        if not onnx_path.is_file():
-            raise ModelError(f"{self.model_dir} has no model.onnx")
-        so = ort.SessionOptions()
-        so.log_severity_level = 3
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        if threads:
-            so.intra_op_num_threads = threads
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        self.session = ort.InferenceSession(str(onnx_path), so, providers=["CPUExecutionProvider"])
+        self.session = cpu_session(self.model_dir, threads)
         self.input_names = {i.name for i in self.session.get_inputs()}
         # one input per run where the graph quantizes activations per tensor (batch invariance)
-        self.per_row = quantizes_per_batch(onnx_path)
+        self.per_row = quantizes_per_batch(self.model_dir / "model.onnx")
         self._tokenizer_json = (self.model_dir / "tokenizer.json").read_text(encoding="utf-8")
         self._local = threading.local()
         prefix, suffix, pad = _specials(self.tokenizer)
@@ -109,8 +98,7 @@ class Embedder:
         return self.config.max_seq_length
 
     def memory_bytes(self) -> int:
-        """Estimate: the weights plus onnxruntime's copy of them while the session lives."""
-        return int((self.model_dir / "model.onnx").stat().st_size * 1.3)
+        return session_bytes(self.model_dir)
 
     # ---- tokenization ----------------------------------------------------------
     def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
@@ -163,6 +151,38 @@ class Embedder:
         return pool(hidden, mask, self.config.pooling, self.config.normalize)
 
 
+def cpu_session(model_dir: Path, threads: int = 0) -> Any:
+    """An onnxruntime CPU session of ``model_dir``/model.onnx (an encoder: embedder or
+    cross-encoder): full graph optimisation, ``threads`` intra-op threads (0: onnxruntime's
+    choice), and no spinning, so idle threads leave the cores to the chat engines."""
+    import onnxruntime as ort
+
+    onnx_path = model_dir / "model.onnx"
+    if not onnx_path.is_file():
+        raise ModelError(f"{model_dir} has no model.onnx")
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if threads:
+        so.intra_op_num_threads = threads
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return ort.InferenceSession(str(onnx_path), so, providers=["CPUExecutionProvider"])
+
+
+def session_bytes(model_dir: Path) -> int:
+    """Estimate: the weights plus onnxruntime's copy of them while the session lives."""
+    return int((model_dir / "model.onnx").stat().st_size * 1.3)
+
+
+def pad_id(tok: Any) -> int:
+    """The tokenizer's padding id: ``[PAD]`` (BERT) or ``<pad>``, else 0."""
+    for name in ("[PAD]", "<pad>"):
+        pid = tok.token_to_id(name)
+        if pid is not None:
+            return int(pid)
+    return 0
+
+
 def quantizes_per_batch(onnx_path: Path) -> bool:
     """Whether the graph quantizes activations dynamically (one scale per tensor, so per batch)."""
     import onnx
@@ -207,7 +227,4 @@ def _specials(tok: Any) -> tuple[list[int], list[int], int]:
     ids, special = list(enc.ids), list(enc.special_tokens_mask)
     first = special.index(0) if 0 in special else len(ids)
     last = len(special) - special[::-1].index(0) if 0 in special else len(ids)
-    pad = tok.token_to_id("[PAD]")
-    if pad is None:
-        pad = tok.token_to_id("<pad>") or 0
-    return ids[:first], ids[last:], int(pad)
+    return ids[:first], ids[last:], pad_id(tok)

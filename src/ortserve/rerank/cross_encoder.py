@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ortserve.engine.embed import plan_batches
+from ortserve.engine.embed import cpu_session, pad_id, plan_batches, session_bytes
 from ortserve.errors import InvalidRequest, ModelError
 
 RERANK_CONFIG = "rerank_config.json"
@@ -64,24 +64,13 @@ class CrossEncoder:
     """Thread-safe: the onnxruntime session runs concurrently, tokenizers are per thread."""
 
     def __init__(self, model_dir: Path, *, threads: int = 0) -> None:
-        import onnxruntime as ort
-
         self.model_dir = Path(model_dir)
         self.config = RerankConfig.read(self.model_dir)
-        onnx_path = self.model_dir / "model.onnx"
-        if not onnx_path.is_file():
-            raise ModelError(f"{self.model_dir} has no model.onnx")
-        so = ort.SessionOptions()
-        so.log_severity_level = 3
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        if threads:
-            so.intra_op_num_threads = threads
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        self.session = ort.InferenceSession(str(onnx_path), so, providers=["CPUExecutionProvider"])
+        self.session = cpu_session(self.model_dir, threads)
         self.input_names = {i.name for i in self.session.get_inputs()}
         self._tokenizer_json = (self.model_dir / "tokenizer.json").read_text(encoding="utf-8")
         self._local = threading.local()
-        self.pad_id = _pad_id(self._tokenizer(0))
+        self.pad_id = pad_id(self._tokenizer(0))
 
     def _tokenizer(self, max_length: int) -> Any:
         """This thread's tokenizer, truncating pairs longest-first to ``max_length`` (0: never)."""
@@ -94,7 +83,7 @@ class CrossEncoder:
         return tok
 
     def memory_bytes(self) -> int:
-        return int((self.model_dir / "model.onnx").stat().st_size * 1.3)
+        return session_bytes(self.model_dir)
 
     def encode(self, query: str, documents: Sequence[str], max_length: int | None = None) -> list[Any]:
         """Each (query, document) pair's encoding, within ``max_length`` tokens (the model's at most)."""
@@ -151,11 +140,3 @@ def activate(logits: np.ndarray, activation: str) -> np.ndarray:
     if activation == "sigmoid":
         return (1.0 / (1.0 + np.exp(-logits.astype(np.float64)))).astype(np.float32)
     return logits.astype(np.float32)
-
-
-def _pad_id(tok: Any) -> int:
-    for name in ("[PAD]", "<pad>"):
-        pid = tok.token_to_id(name)
-        if pid is not None:
-            return int(pid)
-    return 0
