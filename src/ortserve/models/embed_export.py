@@ -16,30 +16,43 @@ from typing import Any
 import numpy as np
 
 
-def _torch_model(src: Path) -> Any:
+def check_source(src: Path) -> None:
+    """A Hugging Face folder to export: its tokenizer.json and its weights, or a ModelError."""
+    from ortserve.errors import ModelError
+
+    if not (src / "tokenizer.json").is_file():
+        raise ModelError(f"{src} has no tokenizer.json", hint="copy the model's tokenizer files too")
+    if not any(src.glob("*.safetensors")) and not any(src.glob("pytorch_model*.bin")):
+        raise ModelError(f"{src} has no weights (*.safetensors)", hint="copy the model's weight files too")
+
+
+def copy_tokenizer(src: Path, out: Path) -> None:
+    """tokenizer.json and the small config files beside it, from ``src`` to ``out``."""
+    shutil.copy2(src / "tokenizer.json", out / "tokenizer.json")
+    for extra in ("tokenizer_config.json", "special_tokens_map.json", "config.json"):
+        if (src / extra).is_file():
+            shutil.copy2(src / extra, out / extra)
+
+
+def torch_model(src: Path, auto_class: str = "AutoModel", what: str = "an embedding model") -> Any:
+    """``transformers.<auto_class>`` of ``src`` in eval mode; DependencyMissing without torch."""
     try:
         import torch  # noqa: F401
-        from transformers import AutoModel
+        import transformers
     except ImportError as exc:
         from ortserve.errors import DependencyMissing
 
-        raise DependencyMissing("exporting an embedding model needs torch and transformers",
+        raise DependencyMissing(f"exporting {what} needs torch and transformers",
                                 hint="pip install 'ortserve[convert]'") from exc
-    return AutoModel.from_pretrained(str(src)).eval()
+    return getattr(transformers, auto_class).from_pretrained(str(src)).eval()
 
 
-def export_onnx(src: Path, out: Path) -> None:
-    """The transformer of a sentence-transformers folder -> model.onnx (last hidden state)."""
+def export_encoder(model: Any, names: list[str], output: str, output_axes: dict[int, str], out: Path) -> None:
+    """``model``'s ``output`` field (``last_hidden_state``, ``logits``) -> ``out``/model.onnx,
+    the inputs ``names`` (ids, mask[, token types]) with dynamic batch and sequence axes."""
     import warnings
 
     import torch
-
-    model = _torch_model(src)
-    names = ["input_ids", "attention_mask", "token_type_ids"]
-    import inspect
-
-    if "token_type_ids" not in inspect.signature(model.forward).parameters:
-        names = names[:2]
 
     class Body(torch.nn.Module):
         def __init__(self, m: Any) -> None:
@@ -47,16 +60,26 @@ def export_onnx(src: Path, out: Path) -> None:
             self.m = m
 
         def forward(self, *args: Any) -> Any:
-            return self.m(**dict(zip(names, args, strict=True))).last_hidden_state
+            return getattr(self.m(**dict(zip(names, args, strict=True))), output)
 
     example = tuple(torch.ones(2, 8, dtype=torch.long) for _ in names)
-    axes = {n: {0: "batch", 1: "sequence"} for n in [*names, "last_hidden_state"]}
+    axes = {n: {0: "batch", 1: "sequence"} for n in names} | {output: output_axes}
     out.mkdir(parents=True, exist_ok=True)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(Body(model), example, str(out / "model.onnx"), input_names=names,
-                          output_names=["last_hidden_state"], dynamic_axes=axes, opset_version=17,
-                          dynamo=False)
+                          output_names=[output], dynamic_axes=axes, opset_version=17, dynamo=False)
+
+
+def export_onnx(src: Path, out: Path) -> None:
+    """The transformer of a sentence-transformers folder -> model.onnx (last hidden state)."""
+    import inspect
+
+    model = torch_model(src)
+    names = ["input_ids", "attention_mask", "token_type_ids"]
+    if "token_type_ids" not in inspect.signature(model.forward).parameters:
+        names = names[:2]
+    export_encoder(model, names, "last_hidden_state", {0: "batch", 1: "sequence"}, out)
 
 
 def quantize_int8(fp32: Path, out: Path) -> None:
@@ -89,7 +112,7 @@ def reference_vectors(src: Path, sentences: list[str], cfg: dict[str, Any]) -> n
 
     from ortserve.engine.embed import pool
 
-    model = _torch_model(src)
+    model = torch_model(src)
     tok = Tokenizer.from_file(str(src / "tokenizer.json"))
     tok.no_padding()
     tok.no_truncation()
@@ -132,8 +155,5 @@ def _unit(v: np.ndarray) -> np.ndarray:
 
 def write_config(out: Path, src: Path, cfg: dict[str, Any]) -> None:
     """The tokenizer files and embed_config.json (pooling, normalisation, max length) beside a graph."""
-    shutil.copy2(src / "tokenizer.json", out / "tokenizer.json")
-    for extra in ("tokenizer_config.json", "special_tokens_map.json", "config.json"):
-        if (src / extra).is_file():
-            shutil.copy2(src / extra, out / extra)
+    copy_tokenizer(src, out)
     (out / "embed_config.json").write_text(json.dumps(cfg, indent=2), encoding="utf-8")

@@ -29,6 +29,7 @@ from ortserve.errors import ModelError, OrtServeError
 from ortserve.models.catalog import embedded_embedding_dir
 from ortserve.models.embed_export import (  # re-exported: callers and tests import them from here
     agreement,
+    check_source,
     down_projections,
     export_onnx,
     quantize_int8,
@@ -143,10 +144,7 @@ def import_sentence_transformers(store: ModelStore, src: Path, model_id: str, *,
     """Export once, install fp32-cpu and int8-cpu with their cosine agreement and speed."""
     validate_name(model_id)
     src = Path(src).resolve()
-    if not (src / "tokenizer.json").is_file():
-        raise ModelError(f"{src} has no tokenizer.json", hint="copy the model's tokenizer files too")
-    if not any(src.glob("*.safetensors")) and not any(src.glob("pytorch_model*.bin")):
-        raise ModelError(f"{src} has no weights (*.safetensors)", hint="copy the model's weight files too")
+    check_source(src)
     hidden = json.loads((src / "config.json").read_text(encoding="utf-8")).get("hidden_size")
     cfg = st_config(src, hidden)
     say = progress or (lambda _m: None)

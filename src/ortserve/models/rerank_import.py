@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import inspect
 import json
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from ortserve.errors import ModelError
+from ortserve.models.embed_export import check_source, copy_tokenizer, export_encoder, torch_model
 from ortserve.models.store import ModelStore, Variant, validate_name
 from ortserve.rerank.cross_encoder import RERANK_CONFIG, CrossEncoder, activate, pair_tokenizer
 
@@ -72,43 +72,16 @@ def rerank_config(path: Path) -> dict[str, Any]:
 
 
 def _torch_classifier(src: Path) -> Any:
-    try:
-        import torch  # noqa: F401
-        from transformers import AutoModelForSequenceClassification
-    except ImportError as exc:
-        from ortserve.errors import DependencyMissing
-
-        raise DependencyMissing("exporting a reranker needs torch and transformers",
-                                hint="pip install 'ortserve[convert]'") from exc
-    return AutoModelForSequenceClassification.from_pretrained(str(src)).eval()
+    return torch_model(src, "AutoModelForSequenceClassification", "a reranker")
 
 
 def export_onnx(src: Path, out: Path) -> None:
     """The classifier -> model.onnx (input_ids, attention_mask[, token_type_ids] -> logits)."""
-    import warnings
-
-    import torch
-
     model = _torch_classifier(src)
     names = ["input_ids", "attention_mask", "token_type_ids"]
     if "token_type_ids" not in inspect.signature(model.forward).parameters or model.config.type_vocab_size in (0, None):
         names = names[:2]
-
-    class Body(torch.nn.Module):
-        def __init__(self, m: Any) -> None:
-            super().__init__()
-            self.m = m
-
-        def forward(self, *args: Any) -> Any:
-            return self.m(**dict(zip(names, args, strict=True))).logits
-
-    example = tuple(torch.ones(2, 8, dtype=torch.long) for _ in names)
-    axes = {n: {0: "batch", 1: "sequence"} for n in names} | {"logits": {0: "batch"}}
-    out.mkdir(parents=True, exist_ok=True)
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(Body(model), example, str(out / "model.onnx"), input_names=names, output_names=["logits"],
-                          dynamic_axes=axes, opset_version=17, dynamo=False)
+    export_encoder(model, names, "logits", {0: "batch"}, out)
 
 
 def heldout_pairs() -> tuple[list[str], list[str]]:
@@ -166,20 +139,14 @@ def import_cross_encoder(store: ModelStore, src: Path, model_id: str, *, progres
                          replace: bool = False) -> Variant:
     validate_name(model_id)
     src = Path(src).resolve()
-    if not (src / "tokenizer.json").is_file():
-        raise ModelError(f"{src} has no tokenizer.json", hint="copy the model's tokenizer files too")
-    if not any(src.glob("*.safetensors")) and not any(src.glob("pytorch_model*.bin")):
-        raise ModelError(f"{src} has no weights (*.safetensors)", hint="copy the model's weight files too")
+    check_source(src)
     cfg = rerank_config(src)
     say = progress or (lambda _m: None)
 
     def build(tmp: Path) -> dict[str, Any]:
         say(f"exporting {src.name} to ONNX")
         export_onnx(src, tmp)
-        shutil.copy2(src / "tokenizer.json", tmp / "tokenizer.json")
-        for extra in ("tokenizer_config.json", "special_tokens_map.json", "config.json"):
-            if (src / extra).is_file():
-                shutil.copy2(src / extra, tmp / extra)
+        copy_tokenizer(src, tmp)
         (tmp / RERANK_CONFIG).write_text(json.dumps(cfg, indent=2), encoding="utf-8")
         say("comparing scores with PyTorch and measuring pairs/s")
         quality = agreement(tmp, src, cfg)
