@@ -102,7 +102,10 @@ NATIVE_CASES = {
 
 
 @pytest.mark.parametrize("case", sorted(NATIVE_CASES))
-def test_native_graph_reads_the_files_rows(tmp_path: Path, case: str) -> None:
+def test_native_graph_reads_the_files_rows(tmp_path: Path, case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ortserve.models import gguf_fast
+
+    monkeypatch.setattr(gguf_fast, "write_tokenizer", lambda *a: None)   # graphs only: no tokenizer conversion
     arch, types, opts = NATIVE_CASES[case]
     path = write(tmp_path / f"{arch}.gguf", arch, types, **opts)
     report = import_gguf_streamed(path, tmp_path / "native", native=NATIVE)
@@ -141,8 +144,11 @@ def smollm2(default_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Si
     re-imports a MatMulNBits variant once they are) and, beside it, the streamed MatMulNBits graph of
     the same GGUF written with the library switched off."""
     mnb = tmp_path_factory.mktemp("native-off") / "model"
+    from ortserve.models import gguf_fast
+
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("ORTSERVE_NATIVE", "0")
+        mp.setattr(gguf_fast, "write_tokenizer", lambda *a: None)   # the runner needs none: graph and config
         off = plan()
         report = import_gguf_streamed(embedded_gguf(), mnb, native=off)
     manifest = json.loads((default_model / "ortserve.json").read_text(encoding="utf-8"))
@@ -216,14 +222,14 @@ def test_greedy_tokens_follow_the_fp32_reference(smollm2: SimpleNamespace, tmp_p
     for i, text in enumerate(TEXTS):
         prompt = codec.encode(text)
         got, want = native.prefill(0, prompt), ref.prefill(0, prompt)
-        for _ in range(12):
+        for _ in range(8):
             assert want[int(got.argmax())] >= want.max() - NEAR, text
             tok = np.array([int(want.argmax())])
             got, want = native.decode(tok)[0].copy(), ref.decode(tok)[0].copy()
         native.clear(0)
         ref.clear(0)
         if i < 2:
-            assert greedy(native, prompt, 12) == greedy(mnb, prompt, 12) == greedy(ref, prompt, 12), text
+            assert greedy(native, prompt, 8) == greedy(mnb, prompt, 8) == greedy(ref, prompt, 8), text
 
 
 def test_speculation_verify_equals_decode_steps(smollm2: SimpleNamespace) -> None:
