@@ -277,6 +277,10 @@ static void init_tables(void) {
     __atomic_store_n(&g_have, have, __ATOMIC_RELEASE);
 }
 
+/* The choice is made when the library is loaded (one thread, before any kernel runs: ORT calls the
+ * kernels from its pool's threads); the lazy check below only covers a loader that skips constructors. */
+__attribute__((constructor)) static void osg_init(void) { init_tables(); }
+
 static const osg_kernels *kernels(void) {
     if (__atomic_load_n(&g_have, __ATOMIC_ACQUIRE) < 0) init_tables();
     return &g_table[g_level];
