@@ -212,3 +212,31 @@ def test_reference_dot_is_dequantized_product(t: int) -> None:
     want = xd @ ref.dequantize(t, w, k).astype(np.float64).T
     got, scale = ref.matmul(t, w, x)
     assert np.all(np.abs(got - want) <= 1e-5 * scale)
+
+
+def test_a_build_without_simd_is_the_scalar_path(tmp_path) -> None:
+    """What a CPU other than x86 gets (the SIMD files compile to stubs): scalar, and still exact."""
+    from ortserve.native import build
+
+    result = build.build(tmp_path, force=True, extra_flags=["-DOSG_NO_SIMD", "-O1"])
+    if not result.ok:
+        pytest.skip(result.reason)
+    so = ctypes.CDLL(str(result.library))
+    so.osg_isa.restype = ctypes.c_char_p
+    so.osg_set_isa.argtypes = [ctypes.c_char_p]
+    so.osg_act_row_bytes.restype = ctypes.c_size_t
+    so.osg_act_row_bytes.argtypes = [ctypes.c_int, ctypes.c_int64]
+    so.osg_quantize_act.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    so.osg_matmul_rows.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                                   ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64]
+    assert so.osg_isa() == b"scalar" and so.osg_set_isa(b"avx2") == -1
+    rng = np.random.default_rng(2)
+    for t in (ref.Q4_1, ref.Q4_K):
+        k, n, m = shape(t), 5, 2
+        w = random_weights(t, n, k, rng)
+        x = random_acts(m, k, rng)
+        xq = c_quantize(so, t, x)
+        y = np.zeros((m, n), np.float32)
+        so.osg_matmul_rows(t, k, _ptr(w), _ptr(xq), m, _ptr(y), n, 0, n)
+        want, scale = ref.matmul(t, w, x)
+        assert np.all(np.abs(y - want) <= 1e-6 * scale)

@@ -9,7 +9,7 @@
 
 #include "kernels_internal.h"
 
-#if defined(__x86_64__) || defined(__i386__)
+#if (defined(__x86_64__) || defined(__i386__)) && !defined(OSG_NO_SIMD)
 #include <immintrin.h>
 
 #define AVX2 __attribute__((target("avx2,fma,f16c")))

@@ -10,7 +10,7 @@
 
 #include "kernels_internal.h"
 
-#if defined(__x86_64__)
+#if defined(__x86_64__) && !defined(OSG_NO_SIMD)
 #include <immintrin.h>
 
 #define V512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
