@@ -264,3 +264,31 @@ def test_lora_terms_land_on_the_native_projections(smollm2: SimpleNamespace) -> 
     scale = np.abs(plain).max()
     assert np.abs(base - plain).max() <= 1e-5 * scale
     assert np.abs(tuned - plain).max() > 1e-2 * scale
+
+
+def test_a_wrong_native_graph_is_refused_and_todays_graph_written(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The import's check is what stands between a kernel or layout error and a shipped model: with
+    llama.cpp's Q/K row order left as the file has it (a plausible layout slip), try_native refuses the
+    native graph, says why, and leaves the directory empty for today's graph."""
+    from ortserve.models import gguf_fast
+    from ortserve.models.gguf_native import NativeOps
+
+    monkeypatch.setattr(gguf_fast, "write_tokenizer", lambda *a: None)
+    real = NativeOps.raw
+
+    def unpermuted(self: NativeOps, data: Any, w: GGUFWeights, names: tuple[str, ...], base: str) -> Any:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(type(w), "row_permutation", lambda *a: None)
+            return real(self, data, w, names, base)
+
+    monkeypatch.setattr(NativeOps, "raw", unpermuted)
+    types, opts = CASES["mistral"]
+    path = write(tmp_path / "mistral.gguf", "mistral", types, **opts)
+    out = tmp_path / "out"
+    out.mkdir()
+    said: list[str] = []
+    report, ref, why = try_native(path, out, said.append)
+    assert report is None and ref is None and "native logits differ" in why["native_refused"], why
+    assert list(out.iterdir()) == [] and not (tmp_path / "out.native").exists()
+    assert any(m.endswith("using the MatMulNBits graph") for m in said), said

@@ -70,7 +70,10 @@ def import_native(gguf: Path, out_dir: Path, work: Path, use: Plan, progress: An
     say("writing the MatMulNBits graph (the native graph's fp32 reference)")
     base = import_gguf_streamed(gguf, ref_dir, progress=progress, smoke=False)
     say(f"writing the GGUF-native graph ({use.isa or 'native kernels'})")
-    report = import_gguf_streamed(gguf, out_dir, progress=progress, smoke=False, native=use)
+    try:   # whatever refuses the file itself was raised by the MatMulNBits write above
+        report = import_gguf_streamed(gguf, out_dir, progress=progress, smoke=False, native=use)
+    except (ModelError, OSError, ValueError) as exc:
+        raise NativeRefused(f"the native graph could not be written: {str(exc).splitlines()[0]}") from exc
     if report["kernels"] != "gguf-native":
         raise NativeRefused("the native library reads none of this file's block types")
     try:
