@@ -232,6 +232,23 @@ def test_greedy_tokens_follow_the_fp32_reference(smollm2: SimpleNamespace, tmp_p
             assert greedy(native, prompt, 8) == greedy(mnb, prompt, 8) == greedy(ref, prompt, 8), text
 
 
+def test_onnxruntime_genai_loads_the_library_from_the_folder(smollm2: SimpleNamespace) -> None:
+    """genai_config.json's session_options.custom_ops_library, the library's file name inside the
+    folder, is what onnxruntime-genai 0.18 loads: its greedy tokens are the runner's."""
+    import onnxruntime_genai as og
+
+    prompt = PROMPTS[1]
+    model = og.Model(str(smollm2.native))
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=len(prompt) + 6, do_sample=False)
+    gen = og.Generator(model, params)
+    gen.append_tokens(prompt)
+    while not gen.is_done():
+        gen.generate_next_token()
+    got = [int(x) for x in gen.get_sequence(0)][len(prompt):]
+    assert got == greedy(Runner(ModelSpec.read(smollm2.native), slots=1), prompt, 6)
+
+
 def test_speculation_verify_equals_decode_steps(smollm2: SimpleNamespace) -> None:
     runner = Runner(ModelSpec.read(smollm2.native), slots=2)
     prompt = PROMPTS[0]
