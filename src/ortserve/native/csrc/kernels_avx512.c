@@ -267,8 +267,8 @@ V512_INLINE void rows_q45k_ymm(int five, int64_t nb, const uint8_t *w, const uin
  * elements 64-127 the high nibbles with qh bits 4-5 / 6-7; q in 0..63, minus 32 * (sum of a) per 16 */
 V512_INLINE void rows_q6k(int64_t nb, const uint8_t *w, const uint8_t *a, size_t astride, int R,
                           float *out, int64_t ostride) {
-    const __m512i low = _mm512_set1_epi8(0x0F), three = _mm512_set1_epi8(3);
-    const __m512i sh_a = halves_idx(0, 2), sh_b = halves_idx(4, 6);
+    const __m512i low = _mm512_set1_epi8(0x0F), hi2 = _mm512_set1_epi8(0x30);
+    const __m512i sh_a = halves_idx(4, 2), sh_b = halves_idx(0, 2);
     __m512 acc[RMAX];
     _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
     for (int64_t i = 0; i < nb; i++, w += 210) {
@@ -285,10 +285,12 @@ V512_INLINE void rows_q6k(int64_t nb, const uint8_t *w, const uint8_t *a, size_t
         _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
             __m512i ql = _mm512_loadu_si512((const void *)(b->ql + 64 * h));
             __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b->qh + 32 * h)));
-            __m512i qa = _mm512_or_si512(_mm512_and_si512(ql, low),
-                                         _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh, sh_a), three), 4));
-            __m512i qb = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), low),
-                                         _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh, sh_b), three), 4));
+            /* the two high bits moved straight to bits 4-5 (left 4 / 2, right 0 / 2: what crosses a
+             * byte inside the 16-bit lane is masked off), merged by one ternary-logic op: (x & low) | h */
+            __m512i ha = _mm512_and_si512(_mm512_sllv_epi16(qh, sh_a), hi2);
+            __m512i hb = _mm512_and_si512(_mm512_srlv_epi16(qh, sh_b), hi2);
+            __m512i qa = _mm512_ternarylogic_epi32(ql, low, ha, 0xEA);
+            __m512i qb = _mm512_ternarylogic_epi32(_mm512_srli_epi16(ql, 4), low, hb, 0xEA);
             /* int16 lane l of a 64-element step covers elements 2l, 2l+1: group base + l/8 */
             __m512i idx = _mm512_add_epi16(_mm512_srli_epi16(_mm512_set_epi16(
                 31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16,
