@@ -153,7 +153,7 @@ def custom_ops_library(model_dir: Path) -> Path | None:
         name = cfg["model"]["decoder"].get("session_options", {}).get("custom_ops_library")
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
-    return (Path(model_dir) / name).resolve() if name else None
+    return (Path(model_dir) / name).resolve() if isinstance(name, str) and name else None
 
 
 def register_custom_ops(so: Any, model_dir: Path) -> Any:

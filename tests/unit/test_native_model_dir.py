@@ -1,0 +1,49 @@
+"""A model folder's custom-op library (the GGUF-native kernels, models/gguf_native.py): named in
+genai_config.json by its file name, resolved inside the folder, refused anywhere else."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from tests.unit.test_store_validate import onnx_dir
+
+from ortserve.engine.runtime import custom_ops_library, register_custom_ops
+from ortserve.errors import ModelError
+from ortserve.models.validate import check_onnx_dir
+
+
+def with_library(root: Path, name: str, create: bool = True) -> Path:
+    d = onnx_dir(root)
+    cfg = json.loads((d / "genai_config.json").read_text(encoding="utf-8"))
+    cfg["model"]["decoder"]["session_options"] = {"custom_ops_library": name}
+    (d / "genai_config.json").write_text(json.dumps(cfg), encoding="utf-8")
+    if create:
+        (d / "libortserve_gguf.so").write_bytes(b"\x7fELF")
+    return d
+
+
+class Options:
+    def __init__(self) -> None:
+        self.libraries: list[str] = []
+
+    def register_custom_ops_library(self, path: str) -> None:
+        self.libraries.append(path)
+
+
+def test_a_library_inside_the_folder_is_named_and_registered(tmp_path: Path) -> None:
+    d = with_library(tmp_path / "m", "libortserve_gguf.so")
+    assert check_onnx_dir(d)["precision"] == "fp32"
+    assert custom_ops_library(d) == (d / "libortserve_gguf.so").resolve()
+    assert register_custom_ops(Options(), d).libraries == [str((d / "libortserve_gguf.so").resolve())]
+    assert custom_ops_library(onnx_dir(tmp_path / "plain")) is None
+    assert register_custom_ops(Options(), tmp_path / "plain").libraries == []
+
+
+@pytest.mark.parametrize("name", ["/usr/lib/libc.so.6", "../libortserve_gguf.so", "missing.so", 7])
+def test_a_library_outside_the_folder_or_missing_is_refused(tmp_path: Path, name: object) -> None:
+    d = with_library(tmp_path / "m", name, create=True)  # type: ignore[arg-type]
+    (tmp_path / "libortserve_gguf.so").write_bytes(b"\x7fELF")
+    with pytest.raises(ModelError, match="custom-op library"):
+        check_onnx_dir(d)
