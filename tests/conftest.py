@@ -103,3 +103,19 @@ def whisper_base() -> Path:
 
     ensure_espeak()
     return import_packaged(ModelStore(load_settings().store_dir)).path
+
+
+@pytest.fixture(scope="session")
+def tiny_vl(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, object]:
+    """A random-weight Qwen2.5-VL (tests/integration/vision_material.py) imported through ortserve's
+    own import once per session: (the Hugging Face dir, its ORTSERVE_HOME, the store variant).
+    Shared by the vision tests of the chat APIs, the Ollama API and the web page."""
+    pytest.importorskip("mobius")
+    from tests.integration.vision_material import build_hf_dir
+
+    from ortserve.models.importer import import_path
+    from ortserve.models.store import ModelStore
+
+    hf = build_hf_dir(tmp_path_factory.mktemp("vl") / "hf")
+    home = tmp_path_factory.mktemp("vl-home")
+    return hf, home, import_path(ModelStore(home / "models"), hf, model_id="tiny-vl")

@@ -18,11 +18,9 @@ import httpx
 import numpy as np
 import openai
 import pytest
-from tests.integration.vision_material import build_hf_dir
 from tests.servers import ServerThread
 
-from ortserve.models.importer import import_path
-from ortserve.models.store import ModelStore, Variant
+from ortserve.models.store import Variant
 
 pytest.importorskip("mobius")
 MODEL = "tiny-vl"
@@ -57,11 +55,9 @@ def data_url(data: bytes, media: str = "image/png") -> str:
 
 
 @pytest.fixture(scope="module")
-def vision(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Variant]:
-    """(the Hugging Face dir, ORTSERVE_HOME, the imported store variant)."""
-    hf = build_hf_dir(tmp_path_factory.mktemp("vl") / "hf")
-    home = tmp_path_factory.mktemp("vl-home")
-    return hf, home, import_path(ModelStore(home / "models"), hf, model_id=MODEL)
+def vision(tiny_vl: tuple[Path, Path, Variant]) -> tuple[Path, Path, Variant]:
+    """(the Hugging Face dir, ORTSERVE_HOME, the imported store variant): tests/conftest.py's, once a session."""
+    return tiny_vl
 
 
 @pytest.fixture(scope="module")

@@ -70,8 +70,20 @@ def test_generate_raw_and_refusals() -> None:
     with pytest.raises(InvalidRequest) as e:
         GenerateRequest.model_validate({"model": "m", "template": "{{ .Prompt }}"})
     assert e.value.param == "template"
+    # images (base64) become image parts naming their field; server/vision.py reads and checks them
+    msg = ChatRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "x",
+                                                                  "images": ["aGk=", "data:image/png;base64,aGk="]}]})
+    assert msg.plain_messages()[0]["content"] == [
+        {"type": "image_url", "url": "data:image/*;base64,aGk=", "param": "messages.0.images.0"},
+        {"type": "image_url", "url": "data:image/png;base64,aGk=", "param": "messages.0.images.1"},
+        {"type": "text", "text": "x"}]
+    gen = GenerateRequest(model="m", prompt="p", images=["aGk="]).plain_messages()
+    assert gen[0]["content"][0]["param"] == "images.0"
+    with pytest.raises(InvalidRequest) as e:
+        GenerateRequest(model="m", prompt="p", raw=True, images=["aGk="])
+    assert e.value.param == "images"
     with pytest.raises(ValidationError):
-        ChatRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "x", "images": ["b64"]}]})
+        ChatRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "x", "images": [1]}]})
     with pytest.raises(InvalidRequest) as e:
         CreateRequest.model_validate({"model": "x", "from": "/m.gguf", "quantize": "q4_K_M"})
     assert e.value.param == "quantize"

@@ -112,7 +112,7 @@ def locate(st: ServerState, name: str) -> tuple[str, Path, Variant | None]:
         raise NotFound(f"model '{name}' not found", param="model", code="model_not_found")
     if hits[0].kind == "embedding":
         v = st.embedder.resolve(name)
-    elif hits[0].kind == "adapter":
+    elif hits[0].kind in ("adapter", "vision"):   # vision: served by name from the store (server/vision.py)
         v = hits[0]
     else:
         model_dir, _ = resolve_store_model(st.settings, name, loaded=[])
@@ -145,6 +145,8 @@ async def show(body: ShowRequest, request: Request) -> dict[str, Any]:
         info["tokenizer.ggml.tokens"] = sorted(vocab, key=vocab.__getitem__)
     caps = ["completion", "tools"] + (["thinking"] if codec is not None and codec.thinks else []) \
         + (["insert"] if codec is not None and codec.fim is not None else [])  # suffix: fill-in-the-middle
+    if v is not None and v.kind == "vision":  # images in; tools are not served with vision models yet
+        caps = ["completion", "vision"]
     return {"modelfile": f"FROM {model_dir}\n", "parameters": params,
             "template": (codec.chat_template or "") if codec is not None else "", "details": d, "model_info": info,
             "capabilities": caps, "modified_at": entry(mid, v, model_dir)["modified_at"]}

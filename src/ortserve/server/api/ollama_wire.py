@@ -136,7 +136,18 @@ def _falsy(why: str) -> Callable[[Any], Any]:
     return check
 
 
-_no_images = _falsy("images are not supported: the served models read text only")
+def with_images(text: str, images: list[str] | None, param: str) -> str | list[dict[str, Any]]:
+    """A message's text and its ``images`` (base64, Ollama's form) as list content: each image an
+    internal image part naming its field (``messages.0.images.1``), read and checked in
+    server/vision.py; images for a text-only model are a 400 there. The images come first, as
+    Ollama's templates place them."""
+    if not images:
+        return text
+    from ortserve.server.vision import image_part
+
+    parts = [image_part(b if b.startswith("data:") else "data:image/*;base64," + b, f"{param}.{k}")
+             for k, b in enumerate(images)]
+    return [*parts, {"type": "text", "text": text}]
 
 
 class _Generating(_Contract):
@@ -202,14 +213,14 @@ class ChatMessage(BaseModel):
     role: Literal["system", "user", "assistant", "tool"]
     content: str | None = ""
     thinking: str | None = None
-    images: list[str] | None = Field(None, description="not supported (the models read text)")
+    images: list[str] | None = Field(None, description="base64 images, for a vision model (docs/vision.md)")
     tool_calls: list[ToolCallIn] | None = None
     tool_name: str | None = None
     tool_call_id: str | None = None
-    _images = field_validator("images")(_no_images)
 
     def plain(self, i: int) -> dict[str, Any]:
-        out: dict[str, Any] = {"role": self.role, "content": self.content or ""}
+        out: dict[str, Any] = {"role": self.role, "content": with_images(self.content or "", self.images,
+                                                                         f"messages.{i}.images")}
         if self.tool_calls:
             out["tool_calls"] = [{"id": c.id or f"call_{i}_{k}", "type": "function",
                                   "function": {"name": c.function.name, "arguments": json.dumps(c.function.arguments)}}
@@ -252,8 +263,7 @@ class GenerateRequest(_Generating):
     suffix: str | None = Field(None, description="the text after the gap: fill-in-the-middle in the model's FIM "
                                "tokens (a model without them is a 400)")
     raw: bool | None = Field(None, description="true: the prompt as it is, without the chat template")
-    images: list[str] | None = Field(None, description="not supported (the models read text)")
-    _images = field_validator("images")(_no_images)
+    images: list[str] | None = Field(None, description="base64 images, for a vision model (docs/vision.md)")
     REFUSED: ClassVar[dict[str, str]] = {
         **_Generating.REFUSED, "template": "the model's own chat template is used",
         "context": "the deprecated context token list is not supported; send the conversation to /api/chat",
@@ -265,6 +275,9 @@ class GenerateRequest(_Generating):
         if self.system and (self.raw or self.suffix):
             raise InvalidRequest(f"'system' does not apply to a {'raw' if self.raw else 'fill-in-the-middle'} "
                                  "prompt (no chat template is applied)", param="system")
+        if self.images and (self.raw or self.suffix):
+            raise InvalidRequest(f"'images' do not apply to a {'raw' if self.raw else 'fill-in-the-middle'} "
+                                 "prompt (the chat template places them)", param="images")
         return self
 
     def prompt_ids(self) -> Callable[[Any], list[int]] | None:
@@ -280,7 +293,7 @@ class GenerateRequest(_Generating):
 
     def plain_messages(self) -> list[dict[str, Any]]:
         system = [{"role": "system", "content": self.system}] if self.system else []
-        return [*system, {"role": "user", "content": self.prompt}]
+        return [*system, {"role": "user", "content": with_images(self.prompt, self.images, "images")}]
 
 
 class _Named(_Contract):
