@@ -160,7 +160,9 @@ V512_INLINE void rows32(int kind, int64_t nb, const uint8_t *w, const uint8_t *a
 /* ---------------- K-quants ---------------- */
 
 /* The 12 packed bytes of Q4_K/Q5_K scales -> one register: bytes 0-7 the 8 scales, 8-15 the 8
- * minimums (as osg_scales_mins_k4, on four 32-bit lanes at once). Reads 16 bytes: the block goes on. */
+ * minimums (osg_scale_min_k4's values, four 32-bit lanes at once: bytes 0-3 hold scales 0-3 and the
+ * top bits of scales 4-7, bytes 4-7 the same for the minimums, bytes 8-11 the low 4 bits of scales
+ * 4-7 and minimums 4-7). Reads 16 bytes: the block goes on. */
 V512_INLINE __m128i scales_mins(const uint8_t *s) {
     __m128i v = _mm_loadu_si128((const __m128i *)s);            /* lanes a, b, c, (next bytes) */
     __m128i x = _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 1, 2, 0));   /* a, c, b, c */

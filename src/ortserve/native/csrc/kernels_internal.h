@@ -68,21 +68,6 @@ static inline void osg_scale_min_k4(const uint8_t *s, int j, uint8_t *sc, uint8_
     }
 }
 
-/* All 8 scales and 8 minimums at once, four bytes at a time (the same values as osg_scale_min_k4):
- * bytes 0-3 hold scales 0-3 (low 6 bits) and the top bits of scales 4-7, bytes 4-7 the minimums 0-3
- * and the top bits of minimums 4-7, bytes 8-11 the low 4 bits of scales 4-7 and of minimums 4-7.
- * v[0..1] get scales 0-7 as bytes, v[2..3] minimums 0-7 (kept in registers by the SIMD callers). */
-static inline void osg_scales_mins_k4(const uint8_t *s, uint32_t v[4]) {
-    uint32_t a, b, c;
-    memcpy(&a, s, 4);
-    memcpy(&b, s + 4, 4);
-    memcpy(&c, s + 8, 4);
-    v[0] = a & 0x3F3F3F3Fu;
-    v[1] = (c & 0x0F0F0F0Fu) | (((a >> 6) & 0x03030303u) << 4);
-    v[2] = b & 0x3F3F3F3Fu;
-    v[3] = ((c >> 4) & 0x0F0F0F0Fu) | (((b >> 6) & 0x03030303u) << 4);
-}
-
 /* Round half to even, as cvtps2dq and numpy.rint do, without libm (|x| < 2^22). */
 static inline int osg_round(float x) {
     const float big = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer in the last place */
