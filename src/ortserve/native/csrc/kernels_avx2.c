@@ -98,11 +98,57 @@ AVX2_INLINE float scale_of(float amax, float *inv) {
     return d;
 }
 
+/* eight vectors of 8 int32 -> one vector of their eight sums */
+AVX2_INLINE __m256i sums8(const __m256i *s) {
+    __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
+    __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(s[4], s[5]), _mm256_hadd_epi32(s[6], s[7]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
+}
+
+/* pairwise maxima of a and b, laid out as _mm256_hadd_ps would lay out the sums */
+AVX2_INLINE __m256 hmax_pairs(__m256 a, __m256 b) {
+    return _mm256_max_ps(_mm256_shuffle_ps(a, b, 0x88), _mm256_shuffle_ps(a, b, 0xDD));
+}
+
+/* eight vectors -> one vector of their eight maxima (lane j: the maximum of m[j]) */
+AVX2_INLINE __m256 max8(const __m256 *m) {
+    __m256 a = hmax_pairs(hmax_pairs(m[0], m[1]), hmax_pairs(m[2], m[3]));
+    __m256 b = hmax_pairs(hmax_pairs(m[4], m[5]), hmax_pairs(m[6], m[7]));
+    return _mm256_max_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+}
+
+/* 32 floats * inv to int8 (as quant32_block), returning the eight int32 partial sums */
+AVX2_INLINE __m256i quant32_lanes(const float *x, __m256 s, int8_t *q) {
+    __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x), s));
+    __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 8), s));
+    __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 16), s));
+    __m256i i3 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 24), s));
+    __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+    _mm256_storeu_si256((__m256i *)q, _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    return _mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3));
+}
+
+/* Eight blocks at a time: their maxima in one vector, the scales and inverses by one vdivps each
+ * (the same IEEE operations as the scalar code, so the same bytes), the sums by one hadd tree. */
 AVX2 static void quant32_avx2(const float *x, void *xq, int64_t k) {
-    int64_t nb = k / QK;
+    int64_t nb = k / QK, b = 0;
     float *d = (float *)xq, *sd = d + nb;
     int8_t *q = (int8_t *)xq + 8 * nb;
-    for (int64_t b = 0; b < nb; b++, x += QK, q += QK) {
+    for (; b + 8 <= nb; b += 8, x += 8 * QK, q += 8 * QK) {
+        __m256 mx[8];
+        _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) mx[j] = absmax8(x + QK * j, QK);
+        __m256 dv = _mm256_div_ps(max8(mx), _mm256_set1_ps(127.0f));
+        __m256 iv = _mm256_and_ps(_mm256_div_ps(_mm256_set1_ps(1.0f), dv),
+                                  _mm256_cmp_ps(dv, _mm256_setzero_ps(), _CMP_NEQ_UQ));
+        float inv[8];
+        _mm256_storeu_ps(d + b, dv);
+        _mm256_storeu_ps(inv, iv);
+        __m256i sums[8];
+        _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++)
+            sums[j] = quant32_lanes(x + QK * j, _mm256_set1_ps(inv[j]), q + QK * j);
+        _mm256_storeu_ps(sd + b, _mm256_mul_ps(dv, _mm256_cvtepi32_ps(sums8(sums))));
+    }
+    for (; b < nb; b++, x += QK, q += QK) {
         float inv;
         d[b] = scale_of(hmax_ps(absmax8(x, QK)), &inv);
         sd[b] = d[b] * (float)quant32_block(x, inv, q);
@@ -162,12 +208,6 @@ AVX2_INLINE void scales8(const uint8_t *w, int bb, int with_m, __m256 *d, __m256
 #undef H
 }
 
-/* eight vectors of 8 int32 -> one vector of their eight sums */
-AVX2_INLINE __m256i sums8(const __m256i *s) {
-    __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
-    __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(s[4], s[5]), _mm256_hadd_epi32(s[6], s[7]));
-    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
-}
 
 /* the same weights offset to be unsigned (q + off), for the group path: Q4_0 +8, Q5_0 +16, Q8_0 and
  * IQ4_NL +128 */
