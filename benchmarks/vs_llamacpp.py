@@ -217,10 +217,13 @@ def main() -> None:
     result["ratios_ortserve_over_reference"] = ratios
     if not args.no_ppl:
         add_bos = check_gguf(gguf)["add_bos"]
+        bos = engine.model.spec.bos_token_id if add_bos else None
+        # llama-perplexity tokenizes with BOS first, then chunks: without it every chunk is one token off
+        # (Gemma 3 270M at ctx 128: 21.665 shifted, 22.013 aligned, llama.cpp 22.223; docs/gguf.md)
+        ppl_ids = [bos, *ids] if bos is not None else ids
         ppl: dict[str, Any] = {"protocol": f"llama-perplexity: chunks of {args.ppl_ctx}, second half scored",
-                               "add_bos": add_bos, "tokens": len(ids),
-                               "ortserve": ortserve_perplexity(path, ids, args.ppl_ctx,
-                                                               engine.model.spec.bos_token_id if add_bos else None)}
+                               "add_bos": add_bos, "tokens": len(ppl_ids),
+                               "ortserve": ortserve_perplexity(path, ppl_ids, args.ppl_ctx, bos)}
         if llama:
             ppl["llamacpp"] = llama.perplexity(text, args.ppl_ctx)
             ppl["ortserve_vs_llamacpp_pct"] = 100 * (ppl["ortserve"] / ppl["llamacpp"] - 1)
