@@ -20,7 +20,9 @@
   }
 
   function save() {
-    localStorage.setItem(CONVS, JSON.stringify(state.convs));
+    try { localStorage.setItem(CONVS, JSON.stringify(state.convs)); } catch (e) {  // images can fill the quota
+      $("status").textContent = "Not saved in this browser: " + e.message;
+    }
   }
 
   function savePrefs() {
@@ -138,6 +140,7 @@
     const body = node.querySelector(".body");
     if (m.role === "user") body.textContent = m.content;
     else body.innerHTML = window.ortRender.markdown(m.content);
+    if (m.role === "user" && m.images) body.append(window.ortImages.thumbs(m.images));  // images.js
     const extras = node.querySelector(".extras");
     extras.replaceChildren();
     for (const call of m.tool_calls || []) extras.append(toolCallNode(call));
@@ -184,7 +187,8 @@
     const system = $("system").value.trim();
     if (system) messages.push({ role: "system", content: system });
     for (const m of conv.messages) {
-      if (m.role === "user" || (m.role === "assistant" && !m.error)) messages.push({ role: m.role, content: m.content });
+      if (m.role === "user" || (m.role === "assistant" && !m.error)) messages.push({ role: m.role,
+        content: m.images ? window.ortImages.parts(m) : m.content });
     }
     messages.pop();  // the empty answer being written
     const body = { model: $("model").value || undefined, messages, stream: true,
@@ -206,10 +210,10 @@
 
   async function send() {
     const text = $("prompt").value;
-    if (!text.trim() || state.controller) return;
+    if ((!text.trim() && !window.ortImages.pending()) || state.controller) return;
     const conv = current() || newConversation();
-    if (!conv.messages.length) conv.title = text.trim().slice(0, 40);
-    conv.messages.push({ role: "user", content: text });
+    if (!conv.messages.length) conv.title = text.trim().slice(0, 40) || "Image";
+    conv.messages.push({ role: "user", content: text, images: window.ortImages.take() });
     const answer = { role: "assistant", content: "", model: $("model").value, meta: {} };
     conv.messages.push(answer);
     $("prompt").value = "";
@@ -347,6 +351,7 @@
     const label = (m) => m.id + (m.loaded === false ? " (loads on first use)" : "");
     select.replaceChildren(...models.map((m) => el("option", { value: m.id, text: label(m) })));
     if (state.prefs.model && models.some((m) => m.id === state.prefs.model)) select.value = state.prefs.model;
+    window.ortImages.models(models);  // which models read images (images.js)
     $("status").textContent = "";
   }
 
