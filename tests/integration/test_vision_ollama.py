@@ -96,6 +96,7 @@ def test_bad_images_are_400s_naming_the_field(srv: ServerThread) -> None:
         ("/api/generate", {"model": "tiny", "prompt": "p", "images": [good]}, "'images.0' is an image"),
         ("/api/generate", {"model": MODEL, "prompt": "p", "raw": True, "images": [good]}, "'images' do not apply"),
         ("/api/generate", {"model": MODEL, "prompt": "p", "images": [7]}, "images.0"),
+        ("/api/chat", {**user([good]), "options": {**GREEDY, "num_ctx": 512}}, "'options.num_ctx' is not served"),
     ]
     for path, body, says in cases:
         r = post(srv, path, body)

@@ -100,6 +100,10 @@ async def start(st: ServerState, body: _Generating, turn: ChatTurn, request: Req
     """``think`` on a model that does not reason is a 400 (as Ollama's); ``num_ctx`` bounds prompt and
     answer within the model's context (it cannot grow it: the KV cache is sized when the model loads)."""
     num_ctx = body.options.num_ctx if body.options else None
+    vision = getattr(st, "vision", None)
+    if (body.think not in (None, False) or num_ctx) and vision is not None and vision.variant(turn.model):
+        field = "options.num_ctx" if num_ctx else "think"   # the image path has no prompt count or reasoning yet
+        raise InvalidRequest(f"'{field}' is not served with vision models yet (docs/vision.md)", param=field)
     if body.think not in (None, False) or num_ctx:
         engine = await st.engine_for(turn.model, turn.keep_alive)
         if body.think not in (None, False) and not engine.codec.thinks:
