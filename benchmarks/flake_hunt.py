@@ -99,12 +99,20 @@ def pytest(args: list[str], repeat: int, report: Path, timeout: float) -> int:
            "PYTHONPATH": os.pathsep.join([str(ROOT / "benchmarks"), os.environ.get("PYTHONPATH", "")])}
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "flake_hunt", "-p", "no:cacheprovider", *args]
     try:
-        return subprocess.run(cmd, cwd=ROOT, env=env, timeout=timeout, check=False,
-                              stdout=subprocess.DEVNULL if not os.environ.get("FLAKE_VERBOSE") else None).returncode
+        done = subprocess.run(cmd, cwd=ROOT, env=env, timeout=timeout, check=False, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     except subprocess.TimeoutExpired:
         with report.open("a", encoding="utf-8") as f:
             f.write(json.dumps({"test": " ".join(args), "when": "timeout", "outcome": "failed"}) + "\n")
         return 124
+    if os.environ.get("FLAKE_VERBOSE"):
+        sys.stderr.write(done.stdout)
+    if done.returncode not in (0, 1):  # 1: tests failed, each one recorded; else nothing ran as asked
+        # (a module that failed to import or collect, no test found): a failure too, never silence
+        with report.open("a", encoding="utf-8") as f:
+            f.write(json.dumps({"test": " ".join(args), "when": "collect", "outcome": "failed",
+                                "error": f"pytest exit {done.returncode}: {done.stdout[-4000:]}"}) + "\n")
+    return done.returncode
 
 
 def tally(report: Path) -> dict[str, Any]:
