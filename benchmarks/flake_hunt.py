@@ -14,7 +14,7 @@ that it calls, or a fixture of its module it takes) whose text sleeps, reads tim
 deadline, names a timeout, or uses tests/clocks.py (ManualClock, EngineHold, wait_until).
 ``clock --list`` prints the selection; ``clock -k EXPR`` or node ids narrow it.
 
-The same file is the pytest plugin both modes load (``-p flake_hunt``): it repeats each collected
+The same file is the pytest plugin both modes load (``-p benchmarks.flake_hunt``): it repeats each collected
 test FLAKE_REPEAT times and appends every outcome to FLAKE_REPORT (JSON lines).
 """
 
@@ -95,9 +95,11 @@ def clock_tests(tests_dir: Path = ROOT / "tests") -> list[str]:
 
 # ---- running -----------------------------------------------------------------------------------
 def pytest(args: list[str], repeat: int, report: Path, timeout: float) -> int:
-    env = {**os.environ, "FLAKE_REPEAT": str(repeat), "FLAKE_REPORT": str(report),
-           "PYTHONPATH": os.pathsep.join([str(ROOT / "benchmarks"), os.environ.get("PYTHONPATH", "")])}
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "flake_hunt", "-p", "no:cacheprovider", *args]
+    # the plugin by its dotted name from the repository root (python -m puts the cwd on the path): with
+    # benchmarks/ itself on PYTHONPATH, benchmarks/ray.py shadowed the ray package and test_ray.py
+    # could not import ray.serve
+    env = {**os.environ, "FLAKE_REPEAT": str(repeat), "FLAKE_REPORT": str(report)}
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "benchmarks.flake_hunt", "-p", "no:cacheprovider", *args]
     try:
         done = subprocess.run(cmd, cwd=ROOT, env=env, timeout=timeout, check=False, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
