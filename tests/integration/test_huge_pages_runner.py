@@ -34,9 +34,20 @@ def test_default_model_weights_in_huge_pages_give_the_same_greedy_tokens(default
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["plain_bytes"] == 0
-    # the prepacked 4-bit weights, minimum terms and 8-bit LM head are ~110 MB
-    assert got["huge_bytes"] > 64 << 20, got
     assert got["huge_tokens"] == got["plain_tokens"]
+    if _native(default_model):
+        # the GGUF-native graph (docs/native.md) reads the file's blocks where onnxruntime maps
+        # model.onnx.data: file-backed pages, not prepacked anonymous memory, so there is nothing
+        # of ~100 MB to advise; the small buffers that are advised still change no token
+        assert got["huge_bytes"] < 64 << 20, got
+    else:
+        # the prepacked 4-bit weights, minimum terms and 8-bit LM head are ~110 MB
+        assert got["huge_bytes"] > 64 << 20, got
+
+
+def _native(model: Path) -> bool:
+    config = json.loads((model / "genai_config.json").read_text(encoding="utf-8"))
+    return bool(config["model"]["decoder"].get("session_options", {}).get("custom_ops_library"))
 
 
 def measure(model: str) -> dict[str, object]:
