@@ -224,16 +224,42 @@ class Mix:
                 self.done["responses"] += 1
 
 
+def mem_split(pid: int) -> tuple[float, float, float]:
+    """The server's anonymous and file-backed resident MB (``smaps_rollup``) and the main ``[heap]``
+    mapping's resident MB (``smaps``): growth in anonymous memory outside ``[heap]`` is mapped
+    blocks (numpy's large arrays, ONNX Runtime's arena), in ``[heap]`` glibc's small allocations."""
+    anon = file = heap = 0.0
+    try:
+        with Path(f"/proc/{pid}/smaps_rollup").open(encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Anonymous:"):
+                    anon = int(line.split()[1]) / 1024
+                elif line.startswith("Rss:"):
+                    file = int(line.split()[1]) / 1024
+        with Path(f"/proc/{pid}/smaps").open(encoding="utf-8", errors="replace") as f:
+            inside = False
+            for line in f:
+                if not line[0].isupper() or "-" in line.split()[0]:
+                    inside = line.rstrip().endswith("[heap]")
+                elif inside and line.startswith("Rss:"):
+                    heap += int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        return -1.0, -1.0, -1.0
+    return anon, file - anon, heap
+
+
 async def run(url: str, pid: int, args: argparse.Namespace) -> dict[str, Any]:
     mix = Mix(url, args)
     proc = psutil.Process(pid)
     samples: list[tuple[float, float]] = []
 
     cache: list[float] = []            # the prefix cache's KV bytes (MB) at each sample, from /metrics
+    split: list[tuple[float, float, float]] = []   # (anonymous, file-backed, [heap]) MB at each sample
 
     async def sampler(c: httpx.AsyncClient) -> None:
         while mix.alive():
             samples.append((time.monotonic() - mix.t0, proc.memory_info().rss / 2**20))
+            split.append(mem_split(pid))
             try:
                 text = (await c.get(f"{url}/metrics")).text
                 cache.append(next(float(line.split()[1]) for line in text.splitlines()
@@ -273,6 +299,7 @@ async def run(url: str, pid: int, args: argparse.Namespace) -> dict[str, Any]:
         "prefix_cache_mb_at_warmup_and_end": [round(cache[len(samples) - len(warm)], 1), round(cache[-1], 1)],
         "samples": [(round(t), round(m, 1)) for t, m in samples],
         "prefix_cache_mb": [round(m, 1) for m in cache],
+        "anon_file_heap_mb": [tuple(round(x, 1) for x in row) for row in split],
     }
 
 

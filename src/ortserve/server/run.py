@@ -15,6 +15,7 @@ import uvicorn
 
 from ortserve.config import Settings
 from ortserve.engine.core import tune_heap
+from ortserve.engine.heap import start_heap_trimmer
 from ortserve.server import memtrace
 from ortserve.server.app import create_app
 
@@ -52,6 +53,7 @@ class DrainingServer(uvicorn.Server):
 
 def serve(settings: Settings, model_dir: Path, model_id: str | None = None) -> None:
     tune_heap()  # before the model loads and its threads start (engine/core.py says why)
+    start_heap_trimmer()  # freed heap back to the system under load too (engine/heap.py says why)
     memtrace.install(Path(settings.home).expanduser())  # ORTSERVE_DEBUG_TRACEMALLOC only
     app = create_app(settings, model_dir=model_dir, model_id=model_id)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
