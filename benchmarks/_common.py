@@ -111,3 +111,38 @@ class RawOg:
                 "end_to_end_tps": len(prompts) * steps / (t2 - t0), "steps": steps}
 
 
+
+
+def figure(size: tuple[float, float] = (8, 3.5)) -> tuple[Any, Any]:
+    """A matplotlib figure and axes on the file-only backend (no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(figsize=size)
+
+
+def save_figure(fig: Any, path: Path) -> None:
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def plot_rss(path: Path, samples: list[tuple[float, float]], warmup_s: float, title: str,
+             marks: list[float] = (), series: dict[str, list[tuple[float, float]]] | None = None) -> None:
+    """A soak's server RSS over time: ``samples`` (seconds, MB), the warm-up shaded, a dashed line at
+    each of ``marks`` (seconds: bursts of disconnects), and other MB series beside it."""
+    fig, ax = figure()
+    ax.plot([t / 60 for t, _ in samples], [m for _, m in samples], lw=1.5, label="server RSS")
+    for label, points in (series or {}).items():
+        ax.plot([t / 60 for t, _ in points], [m for _, m in points], lw=1, label=label)
+    for t in marks:
+        ax.axvline(t / 60, color="tab:red", lw=0.8, ls="--")
+    ax.axvspan(0, warmup_s / 60, color="0.9", label="warm-up")
+    ax.set_xlabel("minutes")
+    ax.set_ylabel("MB")
+    ax.set_ylim(0, max(m for _, m in samples) * 1.15)
+    ax.set_title(title, fontsize=9)
+    ax.legend(loc="lower right", fontsize=8)
+    save_figure(fig, path)

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import QUESTIONS, emit, machine, model_dir, pct
+from _common import QUESTIONS, emit, figure, machine, model_dir, pct, save_figure
 
 from ortserve.config import load_settings
 from ortserve.engine import AsyncEngine
@@ -152,14 +152,11 @@ def peak_rss(args: argparse.Namespace, chunk: int, full_logits: bool) -> dict[st
 
 def plot(result: dict[str, Any], path: Path) -> None:
     """The trade-off as a picture: each configuration's stream slowdown against the long prompt's."""
-    import matplotlib
+    from matplotlib.patches import Rectangle
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    ax.add_patch(plt.Rectangle((0.9, 0.9), 1.5 - 0.9, 3 - 0.9, color="tab:green", alpha=0.15,
-                               label="goal: streams <= 3x, TTFT <= 1.5x"))
+    fig, ax = figure((7, 4.5))
+    ax.add_patch(Rectangle((0.9, 0.9), 1.5 - 0.9, 3 - 0.9, color="tab:green", alpha=0.15,
+                           label="goal: streams <= 3x, TTFT <= 1.5x"))
     # with zero cost per model call: TPOT x = 1 + c/T_d and TTFT x = 1 + T_d/c, so x_ttft = 1 + 1/(x_tpot - 1)
     xs = [1.02 + i * 0.01 for i in range(400)]
     ax.plot(xs, [1 + 1 / (x - 1) for x in xs], color="grey", linestyle="--", linewidth=1,
@@ -181,9 +178,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
                  f"({result['model']}, {when})", fontsize=9)
     ax.legend(loc="upper right", fontsize=8)
     ax.grid(True, which="both", alpha=0.3)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
 
 
 def main() -> None:

@@ -33,7 +33,7 @@ from typing import Any
 
 import httpx
 import psutil
-from _common import QUESTIONS, emit, machine, model_dir
+from _common import QUESTIONS, emit, machine, model_dir, plot_rss
 
 from ortserve.loopback import wait_healthy
 
@@ -172,27 +172,9 @@ async def run(url: str, pid: int, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    t = [s[0] / 60 for s in result["samples"]]
-    m = [s[1] for s in result["samples"]]
-    fig, ax = plt.subplots(figsize=(8, 3.5))
-    ax.plot(t, m, lw=1.5, label="server RSS")
-    for b in result["bursts"]:
-        ax.axvline(b["t_s"] / 60, color="tab:red", lw=0.8, ls="--")
-    ax.axvspan(0, result.get("warmup_s", 120) / 60, color="0.9", label="warm-up")
-    ax.set_xlabel("minutes")
-    ax.set_ylabel("RSS (MB)")
-    ax.set_ylim(0, max(m) * 1.15)
-    ax.set_title(f"{result['streams']} streams, bursts of {result['burst']} disconnects (dashed); "
-                 f"peak drift after warm-up {result['peak_drift_pct']}%", fontsize=9)
-    ax.legend(loc="lower right", fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    plot_rss(path, result["samples"], result.get("warmup_s", 120),
+             f"{result['streams']} streams, bursts of {result['burst']} disconnects (dashed); "
+             f"peak drift after warm-up {result['peak_drift_pct']}%", marks=[b["t_s"] for b in result["bursts"]])
 
 
 def main() -> None:

@@ -45,7 +45,7 @@ from typing import Any
 
 import httpx
 import psutil
-from _common import QUESTIONS, emit, machine, model_dir
+from _common import QUESTIONS, emit, machine, model_dir, plot_rss
 
 from ortserve.loopback import wait_healthy
 
@@ -325,23 +325,17 @@ def steady(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 3.5))
-    ax.plot([s[0] / 60 for s in result["samples"]], [s[1] for s in result["samples"]], lw=1.5, label="server RSS")
-    ax.axvspan(0, result["warmup_s"] / 60, color="0.9", label="warm-up")
-    ax.set_xlabel("minutes")
-    ax.set_ylabel("RSS (MB)")
-    ax.set_ylim(0, max(s[1] for s in result["samples"]) * 1.15)
-    ax.set_title(f"mixed soak: {result['requests']} requests, {result['errors']} errors, "
-                 f"drift {result['drift_pct']}% (peak {result['peak_drift_pct']}%)", fontsize=9)
-    ax.legend(loc="lower right", fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    """RSS, with the prefix cache's bytes and (where sampled) the anonymous memory and ``[heap]``."""
+    times = [t for t, _ in result["samples"]]
+    series = {"prefix cache": [(t, c) for t, c in zip(times, result["prefix_cache_mb"], strict=False) if c >= 0]}
+    split = result.get("anon_file_heap_mb") or []
+    if split:
+        series["anonymous"] = [(t, s[0]) for t, s in zip(times, split, strict=False) if s[0] >= 0]
+        series["[heap]"] = [(t, s[2]) for t, s in zip(times, split, strict=False) if s[2] >= 0]
+    drift = result.get("steady", {}).get("drift_after_cache_full_pct", result["drift_pct"])
+    plot_rss(path, result["samples"], result["warmup_s"],
+             f"mixed soak: {result['requests']} requests, {result['errors']} errors, "
+             f"drift once the prefix cache is full {drift}%", series=series)
 
 
 def main() -> None:
@@ -362,8 +356,12 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--summarize", type=Path, default=None, help="only recompute the steady-state figures of a saved run")
     args = ap.parse_args()
-    if args.summarize:
-        emit(steady(json.loads(args.summarize.read_text(encoding="utf-8"))))
+    if args.summarize:   # a saved run: its steady-state figures again (and its chart, with --plot)
+        saved = json.loads(args.summarize.read_text(encoding="utf-8"))
+        saved["steady"] = steady(saved)
+        if args.plot:
+            plot(saved, args.plot)
+        emit(saved["steady"])
         return
     path, model_id = model_dir(args.model)
     home = Path(tempfile.mkdtemp(prefix="soak-mix-home-"))
