@@ -128,10 +128,11 @@ class Runner:
         # the weights were just prepacked into fresh 4 KB pages: a decode step reads them all
         self.huge_page_bytes = use_huge_pages(before) if huge_pages else 0
         inputs = {i.name: i for i in self.session.get_inputs()}
-        if "input_ids" not in inputs or "past_key_values.0.key" not in inputs:
+        # a decoder fed token ids, or one fed inputs_embeds (engine/embeds_runner.py feeds those)
+        if not inputs.keys() & {"input_ids", "inputs_embeds"} or "past_key_values.0.key" not in inputs:
             raise ModelError(f"{spec.onnx_path} is not a decoder with a KV cache (inputs: {list(inputs)})")
         self.dtype = _NP.get(inputs["past_key_values.0.key"].type, np.float32)
-        self.ids_dtype = np.int64 if inputs["input_ids"].type == "tensor(int64)" else np.int32
+        self.ids_dtype = np.int64 if inputs.get("input_ids", inputs["attention_mask"]).type == "tensor(int64)" else np.int32
         self.mask_dtype = np.int64 if inputs["attention_mask"].type == "tensor(int64)" else np.int32
         self.has_position_ids = "position_ids" in inputs
         logits = next(o for o in self.session.get_outputs() if o.name == "logits")
