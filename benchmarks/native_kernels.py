@@ -112,6 +112,9 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=4096)
     ap.add_argument("--n", type=int, default=8192, help="rows for M=1 (default: ~19-36 MB of weights)")
     ap.add_argument("--prefill-n", type=int, default=1024, help="rows for M=64")
+    ap.add_argument("--m", type=int, nargs="*", default=[1, 64],
+                    help="activation rows (1 runs on --n rows, others on --prefill-n)")
+    ap.add_argument("--baseline", help="another built library, timed alternately with --lib (ratios)")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--vs-ggml", type=Path, metavar="BIN_DIR", help="compare with libggml-cpu in BIN_DIR")
     ap.add_argument("--json")
@@ -125,19 +128,28 @@ def main() -> None:
             Path(args.json).write_text(json.dumps(rows, indent=1), encoding="utf-8")
         return
     so = load(args.lib)
+    base = load(args.baseline) if args.baseline else None
     by_name = {v: k for k, v in ref.NAMES.items()}
     rows = []
     for isa in args.isa:
-        if so.osg_set_isa(isa.encode()) != 0:
+        if so.osg_set_isa(isa.encode()) != 0 or (base is not None and base.osg_set_isa(isa.encode()) != 0):
             continue
         for name in args.types:
             t = by_name[name]
-            for m, n in ((1, args.n), (64, args.prefill_n)):
+            for m in args.m:
+                n = args.n if m == 1 else args.prefill_n
                 r = bench(so, t, args.k, n, m, args.repeat)
+                if base is not None:   # alternate: the best of each, taken in turns
+                    b = bench(base, t, args.k, n, m, args.repeat)
+                    for _ in range(2):
+                        r = min(r, bench(so, t, args.k, n, m, args.repeat), key=lambda v: v["seconds"])
+                        b = min(b, bench(base, t, args.k, n, m, args.repeat), key=lambda v: v["seconds"])
+                    r["baseline_GFLOP_per_s"] = b["GFLOP_per_s"]
                 r["isa"] = so.osg_isa().decode()
                 rows.append(r)
+                extra = f"  baseline {r['baseline_GFLOP_per_s']:8.1f} GFLOP/s" if base is not None else ""
                 print(f"{r['isa']:>10} {name:5} M={m:<3} {r['weight_GB_per_s']:7.2f} GB/s  "
-                      f"{r['GFLOP_per_s']:8.1f} GFLOP/s  ({r['seconds'] * 1e3:.2f} ms)", flush=True)
+                      f"{r['GFLOP_per_s']:8.1f} GFLOP/s  ({r['seconds'] * 1e3:.2f} ms){extra}", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1), encoding="utf-8")
 

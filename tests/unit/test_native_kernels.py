@@ -155,6 +155,24 @@ def test_matmul_equals_reference(lib: ctypes.CDLL, isa: str, t: int, m: int) -> 
     assert np.isnan(y[:, n:]).all()
 
 
+@pytest.mark.parametrize("t", TYPES, ids=lambda t: ref.NAMES[t])
+@pytest.mark.parametrize("m", [9, 17, 30])
+def test_many_rows_equal_reference(lib: ctypes.CDLL, isa: str, t: int, m: int) -> None:
+    """More than 8 activation rows (AVX-512: the packed gemm): tiles of 8 rows and a remainder, a row
+    range that starts and ends inside a panel of 16 weight rows, ldy wider than N."""
+    rng = np.random.default_rng(3000 * t + m)
+    k, n, n0, n1 = shape(t), 41, 3, 38
+    w = random_weights(t, n, k, rng)
+    x = random_acts(m, k, rng)
+    xq = c_quantize(lib, t, x)
+    y = np.full((m, n + 2), np.nan, np.float32)
+    lib.osg_matmul_rows(t, k, _ptr(w), _ptr(xq), m, _ptr(y), n + 2, n0, n1)
+    want, scale = ref.matmul(t, w, x)
+    err = np.abs(y[:, n0:n1] - want[:, n0:n1])
+    assert np.all(err <= 1e-6 * scale[:, n0:n1]), (err / scale[:, n0:n1]).max()
+    assert np.isnan(y[:, :n0]).all() and np.isnan(y[:, n1:]).all()
+
+
 @pytest.mark.parametrize("t", [ref.Q4_1, ref.Q6_K], ids=lambda t: ref.NAMES[t])
 def test_matmul_row_range(lib: ctypes.CDLL, isa: str, t: int) -> None:
     rng = np.random.default_rng(5)

@@ -84,7 +84,7 @@ def test_matmul_equals_the_reference(library, t, threads):
     k, n = width(t), 37  # N odd and not a multiple of any chunk
     w = random_weights(t, n, k, rng)
     sess = session(library, matmul_model(t, k, n), threads)
-    for m in (1, 3, 9, 17):
+    for m in (1, 3, 9, 17, 67):  # 67: past one task's 64 rows, an odd tile of the many-row path
         x = rng.standard_normal((m, k)).astype(np.float32)
         x[:, rng.integers(0, k, size=3)] *= 20.0  # outliers, as real activations have
         (y,) = sess.run(None, {"X": x, "W": w})
@@ -182,10 +182,12 @@ def test_every_isa_path_through_the_session(library, isa, t):
     rng = np.random.default_rng(100 + t)
     k, n = width(t), 45
     w = random_weights(t, n, k, rng)
-    x = rng.standard_normal((5, k)).astype(np.float32)
-    (y,) = session(library, matmul_model(t, k, n), 2).run(None, {"X": x, "W": w})
-    want, scale = ref.matmul(t, w, x)
-    np.testing.assert_array_less(np.abs(y - want), 1e-5 * scale + 1e-6)
+    sess = session(library, matmul_model(t, k, n), 2)
+    for m in (5, 19):  # the row path and the many-row (gemm) path
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        (y,) = sess.run(None, {"X": x, "W": w})
+        want, scale = ref.matmul(t, w, x)
+        np.testing.assert_array_less(np.abs(y - want), 1e-5 * scale + 1e-6, err_msg=f"M={m}")
 
 
 def test_output_shapes_are_inferred_when_the_session_is_made(library):

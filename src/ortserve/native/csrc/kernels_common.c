@@ -269,7 +269,10 @@ static void init_tables(void) {
     if (osg_fill_avx2(&g_table[1])) {
         have = ISA_AVX2;
         g_table[2] = g_table[1];
-        if (osg_fill_avx512(&g_table[2])) have = ISA_AVX512;
+        if (osg_fill_avx512(&g_table[2])) {
+            have = ISA_AVX512;
+            osg_fill_gemm512(&g_table[2]);
+        }
     }
     int level = have, want = isa_by_name(getenv("ORTSERVE_NATIVE_ISA"));
     if (want >= 0 && want < level) level = want;
@@ -306,7 +309,8 @@ void osg_quantize_act(int t, const float *x, void *xq, int64_t k) {
     (be == QK ? kt->quant32 : kt->quant256)(x, xq, k);
 }
 
-/* The weight is taken in chunks that stay in L2 (256 KB); each tile of 4 activation rows (in L1)
+/* More than OSG_GEMM_MIN_M activation rows go to the level's gemm when it has one (AVX-512 VNNI:
+ * kernels_gemm512.c). Otherwise the weight is taken in chunks that stay in L2 (256 KB); each tile of 4 activation rows (in L1)
  * passes over the chunk, and each weight block is unpacked once per tile. Every weight byte is read
  * from memory once per call, whatever m is. */
 void osg_matmul_rows(int t, int64_t k, const void *w, const void *xq, int64_t m_rows, float *y,
@@ -318,6 +322,7 @@ void osg_matmul_rows(int t, int64_t k, const void *w, const void *xq, int64_t m_
     osg_dot_multi_fn multi = kt->multi[t];
     size_t rb = osg_row_bytes(t, k), ab = osg_act_row_bytes(t, k);
     int64_t nb = k / be, chunk = rb ? (int64_t)((256 << 10) / rb) : 1;
+    if (m_rows > OSG_GEMM_MIN_M && kt->gemm[t] && kt->gemm[t](t, nb, w, rb, xq, ab, m_rows, y, ldy, n0, n1)) return;
     if (chunk < 1) chunk = 1;
     const uint8_t *wp = (const uint8_t *)w;
     const uint8_t *ap = (const uint8_t *)xq;

@@ -83,14 +83,45 @@ typedef void (*osg_dot_multi_fn)(int64_t nb, const void *w, const void *a, size_
 /* quantize one row of k floats into blocks of 32 (the act32 row layout) or 256 (act256) */
 typedef void (*osg_quant_fn)(const float *x, void *xq, int64_t k);
 
+/* many activation rows at once (osg_matmul_rows' arguments, nb blocks a row, rb / ab bytes a weight /
+ * activation row); returns 0 when it could not run (the row path then does) */
+typedef int (*osg_gemm_fn)(int t, int64_t nb, const void *w, size_t rb, const void *xq, size_t ab, int64_t m_rows,
+                           float *y, int64_t ldy, int64_t n0, int64_t n1);
+/* osg_matmul_rows hands calls with more activation rows than this to the gemm entry */
+#define OSG_GEMM_MIN_M 8
+
 typedef struct {
     osg_dot_fn dot[OSG_NTYPES];          /* by ggml type id; NULL falls back to the scalar entry */
     osg_dot_multi_fn multi[OSG_NTYPES];  /* optional; NULL: dot per activation row */
+    osg_gemm_fn gemm[OSG_NTYPES];        /* optional; NULL: the row path at every M */
     osg_quant_fn quant32, quant256;
 } osg_kernels;
 
 extern const osg_kernels osg_scalar_kernels;
 int osg_fill_avx2(osg_kernels *k);    /* returns 0 when built without x86 support */
 int osg_fill_avx512(osg_kernels *k);
+int osg_fill_gemm512(osg_kernels *k); /* kernels_gemm512.c: the AVX-512 VNNI many-row path */
+
+/* The gemm's panels (kernels_gemm512.c, packed by kernels_pack512.c): OSG_NR weight rows' blocks,
+ * their integers as unsigned bytes laid [group of 4 elements][row][4 bytes], so one 64-byte load
+ * holds four consecutive weights of every row, and their scales per row. */
+#define OSG_NR 16
+/* one super-block of 256: q' (unsigned), sub-block scales, the correction's int16 pairs (Q4_K/Q5_K:
+ * each minimum twice, against the two sums of 16 of its sub-block; Q6_K: two consecutive scales,
+ * against the two sums), and the float scales d and dmin */
+typedef struct {
+    uint8_t q[64][OSG_NR][4];
+    int32_t sc[16][OSG_NR];
+    int32_t cp[8][OSG_NR];
+    float d[OSG_NR], dm[OSG_NR];
+} osg_pk256;
+/* one block of 32: q' (unsigned), the scale, and the offset term's factor (the minimum of
+ * Q4_1/Q5_1, or -offset x d for the signed types taken as unsigned: 8, 16, 128) */
+typedef struct {
+    uint8_t q[8][OSG_NR][4];
+    float d[OSG_NR], m[OSG_NR];
+} osg_pk32;
+/* nc <= OSG_NR weight rows (rb bytes apart, from w) into nb panel blocks; rows past nc are zero */
+void osg_pack512(int t, const uint8_t *w, size_t rb, int64_t nb, int nc, void *panel);
 
 #endif

@@ -122,6 +122,31 @@ static void *data_of(const OrtApi *api, const OrtValue *value, OrtStatus **statu
   return data;
 }
 
+/* The weight both ops take: uint8 [rows, row_bytes], rows and row_bytes as the attributes say
+ * (N for GgufMatMul, V for GgufGather). */
+static OrtStatus *weight_input(const GgufKernel *kn, OrtKernelContext *ctx, size_t index, const char *op,
+                               Tensor *w) {
+  RETURN_IF_ERROR(input(kn->api, ctx, index, op, "W", w));
+  if (w->type != OSG_TENSOR_UINT8) return osg_fail(kn->api, OSG_ORT_INVALID_ARGUMENT, "%s: W must be uint8", op);
+  if (w->ndim != 2 || w->dims[0] != kn->rows || w->dims[1] != (int64_t)kn->row_bytes)
+    return osg_fail(kn->api, OSG_ORT_INVALID_ARGUMENT, "%s: W must be [%s=%lld, %zu] (ggml type %d, K=%lld)", op,
+                    kn->gather ? "V" : "N", (long long)kn->rows, kn->row_bytes, kn->type, (long long)kn->k);
+  return NULL;
+}
+
+/* The output of an input whose last `drop` dimensions (0 or 1) give way to one of size `last`:
+ * GgufMatMul's [..., K] -> [..., N], GgufGather's ids [...] -> [..., K]. */
+static OrtStatus *output_like(const GgufKernel *kn, OrtKernelContext *ctx, const Tensor *src, size_t drop,
+                              int64_t last, const char *op, OrtValue **out) {
+  int64_t dims[OSG_MAX_DIMS];
+  size_t nd = src->ndim - drop;
+  if (nd >= OSG_MAX_DIMS)
+    return osg_fail(kn->api, OSG_ORT_INVALID_ARGUMENT, "%s: the input has too many dimensions", op);
+  memcpy(dims, src->dims, nd * sizeof dims[0]);
+  dims[nd] = last;
+  return kn->api->KernelContext_GetOutput(ctx, 0, dims, nd + 1, out);
+}
+
 static int64_t leading_rows(const Tensor *t, size_t keep) {
   int64_t rows = 1;
   for (size_t i = 0; i + keep < t->ndim; i++) rows *= t->dims[i];
@@ -186,20 +211,13 @@ static OrtStatus *matmul_compute(const GgufKernel *kn, OrtKernelContext *ctx) {
   Tensor x, w;
   OrtStatus *status = NULL;
   RETURN_IF_ERROR(input(api, ctx, 0, op, "X", &x));
-  RETURN_IF_ERROR(input(api, ctx, 1, op, "W", &w));
-  if (x.type != OSG_TENSOR_FLOAT || w.type != OSG_TENSOR_UINT8)
-    return osg_fail(api, OSG_ORT_INVALID_ARGUMENT, "%s: X must be float and W uint8", op);
+  RETURN_IF_ERROR(weight_input(kn, ctx, 1, op, &w));
+  if (x.type != OSG_TENSOR_FLOAT) return osg_fail(api, OSG_ORT_INVALID_ARGUMENT, "%s: X must be float", op);
   if (x.ndim < 1 || x.dims[x.ndim - 1] != kn->k)
     return osg_fail(api, OSG_ORT_INVALID_ARGUMENT, "%s: X's last dimension must be K=%lld", op,
                     (long long)kn->k);
-  if (w.ndim != 2 || w.dims[0] != kn->rows || w.dims[1] != (int64_t)kn->row_bytes)
-    return osg_fail(api, OSG_ORT_INVALID_ARGUMENT, "%s: W must be [N=%lld, %zu] (ggml type %d, K=%lld)", op,
-                    (long long)kn->rows, kn->row_bytes, kn->type, (long long)kn->k);
-  int64_t dims[OSG_MAX_DIMS];
-  memcpy(dims, x.dims, x.ndim * sizeof dims[0]);
-  dims[x.ndim - 1] = kn->rows;
   OrtValue *out = NULL;
-  RETURN_IF_ERROR(api->KernelContext_GetOutput(ctx, 0, dims, x.ndim, &out));
+  RETURN_IF_ERROR(output_like(kn, ctx, &x, 1, kn->rows, op, &out));
   MatMulWork work = {kn, NULL, NULL, NULL, NULL, leading_rows(&x, 1), 0, 0};
   if (work.m == 0) return NULL;
   int64_t m_blocks = (work.m + OSG_M_BLOCK - 1) / OSG_M_BLOCK;
@@ -244,18 +262,9 @@ static OrtStatus *gather_compute(const GgufKernel *kn, OrtKernelContext *ctx) {
   const char *op = "GgufGather";
   Tensor w, ids;
   OrtStatus *status = NULL;
-  RETURN_IF_ERROR(input(api, ctx, 0, op, "W", &w));
+  RETURN_IF_ERROR(weight_input(kn, ctx, 0, op, &w));
   RETURN_IF_ERROR(input(api, ctx, 1, op, "ids", &ids));
-  if (w.type != OSG_TENSOR_UINT8 || ids.type != OSG_TENSOR_INT64)
-    return osg_fail(api, OSG_ORT_INVALID_ARGUMENT, "%s: W must be uint8 and ids int64", op);
-  if (w.ndim != 2 || w.dims[0] != kn->rows || w.dims[1] != (int64_t)kn->row_bytes)
-    return osg_fail(api, OSG_ORT_INVALID_ARGUMENT, "%s: W must be [V=%lld, %zu] (ggml type %d, K=%lld)", op,
-                    (long long)kn->rows, kn->row_bytes, kn->type, (long long)kn->k);
-  if (ids.ndim >= OSG_MAX_DIMS)
-    return osg_fail(api, OSG_ORT_INVALID_ARGUMENT, "%s: ids has too many dimensions", op);
-  int64_t dims[OSG_MAX_DIMS];
-  memcpy(dims, ids.dims, ids.ndim * sizeof dims[0]);
-  dims[ids.ndim] = kn->k;
+  if (ids.type != OSG_TENSOR_INT64) return osg_fail(api, OSG_ORT_INVALID_ARGUMENT, "%s: ids must be int64", op);
   GatherWork work = {kn, NULL, NULL, NULL};
   int64_t count = leading_rows(&ids, 0);
   work.ids = (const int64_t *)data_of(api, ids.value, &status);
@@ -265,7 +274,7 @@ static OrtStatus *gather_compute(const GgufKernel *kn, OrtKernelContext *ctx) {
       return osg_fail(api, OSG_ORT_INVALID_ARGUMENT, "%s: id %lld at position %lld is outside [0, %lld)", op,
                   (long long)work.ids[i], (long long)i, (long long)kn->rows);
   OrtValue *out = NULL;
-  RETURN_IF_ERROR(api->KernelContext_GetOutput(ctx, 0, dims, ids.ndim + 1, &out));
+  RETURN_IF_ERROR(output_like(kn, ctx, &ids, 0, kn->k, op, &out));
   if (count == 0) return NULL;
   work.w = (const uint8_t *)data_of(api, w.value, &status);
   if (status == NULL) work.y = (float *)data_of(api, out, &status);

@@ -1,0 +1,157 @@
+/* The AVX-512 gemm's panels (kernels_internal.h, osg_pk256 / osg_pk32) made from the file's blocks.
+ *
+ * Every step reads one 32-bit word at the same offset of sixteen weight rows' blocks with one gather
+ * (rows rb bytes apart), so the 16 lanes are the 16 rows and the unpacking is the block format's
+ * bit arithmetic done for all rows at once: the word of four packed weights becomes one 64-byte
+ * line of the panel, [row][4 bytes]. Lanes past the rows asked for gather nothing and hold zero. */
+#include <string.h>
+
+#include "kernels_internal.h"
+
+#if defined(__x86_64__) && !defined(OSG_NO_SIMD)
+#include <immintrin.h>
+
+#define V512_INLINE static inline __attribute__((always_inline, target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+#define V512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+
+typedef struct {
+    __m512i idx; /* row r at r * rb */
+    __mmask16 rows;
+} rows16;
+
+V512_INLINE __m512i word(const rows16 *g, const uint8_t *block, int off) {
+    return _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), g->rows, g->idx, block + off, 1);
+}
+
+V512_INLINE void put(void *dst, __m512i v) { _mm512_store_si512(dst, v); }
+V512_INLINE __m512i set1(int v) { return _mm512_set1_epi32(v); }
+V512_INLINE __m512i and_(__m512i a, int m) { return _mm512_and_si512(a, set1(m)); }
+V512_INLINE __m512i srl(__m512i a, int n) { return _mm512_srli_epi32(a, (unsigned)n); }
+V512_INLINE __m512i sll(__m512i a, int n) { return _mm512_slli_epi32(a, (unsigned)n); }
+V512_INLINE __m512i or_(__m512i a, __m512i b) { return _mm512_or_si512(a, b); }
+/* the fp16 in a word's low / high 16 bits as floats */
+V512_INLINE __m512 half_lo(__m512i v) { return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v)); }
+V512_INLINE __m512 half_hi(__m512i v) { return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(srl(v, 16))); }
+
+V512_INLINE void pack_q45k(const rows16 *g, int five, const uint8_t *b, osg_pk256 *p) {
+    __m512i h = word(g, b, 0);
+    _mm512_store_ps(p->d, half_lo(h));
+    _mm512_store_ps(p->dm, half_hi(h));
+    /* osg_scale_min_k4 for the 16 rows: bytes 0-3 (s0) scales 0-3 and the top bits of 4-7, bytes
+     * 4-7 (s1) the same for the minimums, bytes 8-11 (s2) the low 4 bits of scales and minimums 4-7 */
+    __m512i s0 = word(g, b, 4), s1 = word(g, b, 8), s2 = word(g, b, 12);
+    for (int j = 0; j < 4; j++) {
+        __m512i sc = and_(srl(s0, 8 * j), 63), m = and_(srl(s1, 8 * j), 63);
+        put(p->sc[j], sc);
+        put(p->cp[j], or_(m, sll(m, 16)));
+        sc = or_(and_(srl(s2, 8 * j), 15), sll(and_(srl(s0, 8 * j + 6), 3), 4));
+        m = or_(and_(srl(s2, 8 * j + 4), 15), sll(and_(srl(s1, 8 * j + 6), 3), 4));
+        put(p->sc[j + 4], sc);
+        put(p->cp[j + 4], or_(m, sll(m, 16)));
+    }
+    const int qoff = five ? 48 : 16;
+    __m512i qh[8];
+    if (five)
+        for (int l = 0; l < 8; l++) qh[l] = word(g, b, 16 + 4 * l);
+    for (int jj = 0; jj < 4; jj++) {      /* sub-blocks 2jj (low nibbles) and 2jj+1 (high) */
+        for (int l = 0; l < 32; l += 4) {
+            __m512i v = word(g, b, qoff + 32 * jj + l);
+            __m512i lo = and_(v, 0x0F0F0F0F), hi = and_(srl(v, 4), 0x0F0F0F0F);
+            if (five) {
+                lo = or_(lo, sll(and_(srl(qh[l / 4], 2 * jj), 0x01010101), 4));
+                hi = or_(hi, sll(and_(srl(qh[l / 4], 2 * jj + 1), 0x01010101), 4));
+            }
+            put(p->q[(64 * jj + l) / 4], lo);
+            put(p->q[(64 * jj + 32 + l) / 4], hi);
+        }
+    }
+}
+
+V512_INLINE void pack_q6k(const rows16 *g, const uint8_t *b, osg_pk256 *p) {
+    _mm512_store_ps(p->d, half_hi(word(g, b, 206)));   /* d at 208: the word ending there */
+    _mm512_store_ps(p->dm, _mm512_setzero_ps());
+    __m512i sc[16];
+    for (int w4 = 0; w4 < 4; w4++) {
+        __m512i s = word(g, b, 192 + 4 * w4);
+        for (int t = 0; t < 4; t++) {
+            sc[4 * w4 + t] = _mm512_srai_epi32(sll(s, 24 - 8 * t), 24);   /* int8 -> int32 */
+            put(p->sc[4 * w4 + t], sc[4 * w4 + t]);
+        }
+    }
+    for (int j = 0; j < 8; j++) put(p->cp[j], or_(and_(sc[2 * j], 0xFFFF), sll(sc[2 * j + 1], 16)));
+    /* element e = 128h + 32qq + l: low 4 bits from ql[64h + 32(qq&1) + l] (high nibble for qq >= 2),
+     * high 2 bits from qh[32h + l] >> 2qq */
+    for (int h = 0; h < 2; h++) {
+        for (int l = 0; l < 32; l += 4) {
+            __m512i qh = word(g, b, 128 + 32 * h + l);
+            __m512i ql0 = word(g, b, 64 * h + l), ql1 = word(g, b, 64 * h + 32 + l);
+            for (int qq = 0; qq < 4; qq++) {
+                __m512i ql = qq & 1 ? ql1 : ql0;
+                __m512i v = or_(and_(srl(ql, qq >= 2 ? 4 : 0), 0x0F0F0F0F), sll(and_(srl(qh, 2 * qq), 0x03030303), 4));
+                put(p->q[(128 * h + 32 * qq + l) / 4], v);
+            }
+        }
+    }
+}
+
+/* four bits of a Q5 fifth-bit word -> 0x10 in the bytes whose bit is set */
+V512_INLINE __m512i spread4(__m512i x) {
+    return or_(or_(sll(and_(x, 1), 4), sll(and_(x, 2), 11)), or_(sll(and_(x, 4), 18), sll(and_(x, 8), 25)));
+}
+
+/* kind: 0 Q4_0, 1 Q4_1, 2 Q5_0, 3 Q5_1, 4 Q8_0, 5 IQ4_NL */
+V512_INLINE void pack32(const rows16 *g, int kind, const uint8_t *b, osg_pk32 *p) {
+    static const int qoff[6] = {2, 4, 6, 8, 2, 2};
+    static const float offs[6] = {8.0f, 0.0f, 16.0f, 0.0f, 128.0f, 128.0f};
+    __m512i h = word(g, b, 0);
+    __m512 d = half_lo(h);
+    _mm512_store_ps(p->d, d);
+    _mm512_store_ps(p->m, kind == 1 || kind == 3 ? half_hi(h) : _mm512_mul_ps(d, _mm512_set1_ps(-offs[kind])));
+    if (kind == 4) {
+        for (int gi = 0; gi < 8; gi++) put(p->q[gi], _mm512_xor_si512(word(g, b, 2 + 4 * gi), set1((int)0x80808080u)));
+        return;
+    }
+    __m512i qh = kind == 2 || kind == 3 ? word(g, b, kind == 2 ? 2 : 4) : _mm512_setzero_si512();
+    const __m512i kv = _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)osg_kvalues_iq4)),
+                                        set1((int)0x80808080u));
+    for (int l = 0; l < 16; l += 4) {
+        __m512i v = word(g, b, qoff[kind] + l);
+        __m512i lo = and_(v, 0x0F0F0F0F), hi = and_(srl(v, 4), 0x0F0F0F0F);
+        if (kind == 2 || kind == 3) {
+            lo = or_(lo, spread4(srl(qh, l)));
+            hi = or_(hi, spread4(srl(qh, l + 16)));
+        } else if (kind == 5) {
+            lo = _mm512_shuffle_epi8(kv, lo);
+            hi = _mm512_shuffle_epi8(kv, hi);
+        }
+        put(p->q[l / 4], lo);
+        put(p->q[(l + 16) / 4], hi);
+    }
+}
+
+V512 void osg_pack512(int t, const uint8_t *w, size_t rb, int64_t nb, int nc, void *panel) {
+    rows16 g;
+    g.idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                               _mm512_set1_epi32((int)rb));
+    g.rows = (__mmask16)((1u << nc) - 1u);
+    size_t bb = rb / (size_t)nb;
+    for (int64_t i = 0; i < nb; i++) {
+        const uint8_t *b = w + (size_t)i * bb;
+        switch (t) {
+        case OSG_Q4_K: pack_q45k(&g, 0, b, (osg_pk256 *)panel + i); break;
+        case OSG_Q5_K: pack_q45k(&g, 1, b, (osg_pk256 *)panel + i); break;
+        case OSG_Q6_K: pack_q6k(&g, b, (osg_pk256 *)panel + i); break;
+        case OSG_Q4_0: pack32(&g, 0, b, (osg_pk32 *)panel + i); break;
+        case OSG_Q4_1: pack32(&g, 1, b, (osg_pk32 *)panel + i); break;
+        case OSG_Q5_0: pack32(&g, 2, b, (osg_pk32 *)panel + i); break;
+        case OSG_Q5_1: pack32(&g, 3, b, (osg_pk32 *)panel + i); break;
+        case OSG_Q8_0: pack32(&g, 4, b, (osg_pk32 *)panel + i); break;
+        default: pack32(&g, 5, b, (osg_pk32 *)panel + i); break;
+        }
+    }
+}
+#else
+void osg_pack512(int t, const uint8_t *w, size_t rb, int64_t nb, int nc, void *panel) {
+    (void)t, (void)w, (void)rb, (void)nb, (void)nc, (void)panel;
+}
+#endif
