@@ -69,3 +69,30 @@ def test_timestamps_follow_the_silence_between_sentences(client: openai.OpenAI, 
 def _clock(seconds: float) -> str:
     ms = round(seconds * 1000)
     return f"{ms // 3_600_000:02d}:{ms // 60_000 % 60:02d}:{ms // 1000 % 60:02d},{ms % 1000:03d}"
+
+
+def test_own_sessions_decide_what_og_decides(whisper_base: Path, tmp_path: Path) -> None:
+    """The decode loop on ortserve's own ONNX Runtime sessions (``backend="ort"``, the default: no
+    thread spinning on a busy machine, the encoder once per window) against og's Generator (the
+    first implementation): the same tokens, segment times, log-probabilities and word times, greedy
+    with word timestamps and sampled at temperature 0.6 with the same seed. Forced both ways, the
+    spinning choice does not change a decision either."""
+    from ortserve.audio.decode import decode
+    from ortserve.audio.whisper import Options, Transcript, WhisperModel
+
+    audio = decode(sentences_apart(FIRST, SECOND, 2.0, tmp_path)[0], max_seconds=60)
+
+    def run(model: WhisperModel, opts: Options) -> list[tuple]:
+        return [(s.tokens, s.start, s.end, s.avg_logprob, s.no_speech_prob, [(w.word, w.start, w.end) for w in s.words])
+                for s in model.transcribe(audio, opts, Transcript())]
+
+    old = WhisperModel(whisper_base, threads=2, backend="og")
+    new = WhisperModel(whisper_base, threads=2, backend="ort", spin=False)
+    spinning = WhisperModel(whisper_base, threads=2, backend="ort", spin=True)
+    assert new.runner is not None and not new.runner.spin and spinning.runner is not None and spinning.runner.spin
+    greedy = run(old, Options(language="en", words=True))
+    assert len(greedy) == 2 and all(words for *_, words in greedy)
+    assert run(new, Options(language="en", words=True)) == greedy
+    assert run(spinning, Options(language="en", words=True)) == greedy
+    sampled = Options(language="en", temperature=0.6, seed=5)
+    assert run(new, sampled) == run(old, sampled)

@@ -74,6 +74,32 @@ def test_greedy_and_sampled_choice() -> None:
     assert len(picks) > 1
 
 
+def test_rules_decide_what_mask_then_choose_decide() -> None:
+    """The decode loop's ``Rules.next`` (static masks built once) against ``choose(mask(...))`` on
+    random logits through random token histories: the same token and log-probability every step,
+    greedy and sampled (same seed), where the timestamp rules force, forbid or leave timestamps."""
+    fast = rules.Rules(SP)
+    gen = np.random.default_rng(7)
+    forced = 0
+    for case in range(60):
+        sampled: list[int] = []
+        temperature = 0.0 if case % 3 else 0.7
+        r1, r2 = np.random.default_rng(case), np.random.default_rng(case)
+        for _ in range(12):
+            logits = gen.normal(0, 3, 51865).astype(np.float32)
+            if case % 4 == 0:
+                logits[TB:] += 4.0              # timestamps likely: their total beats the best text
+            masked = rules.mask(logits, sampled, SP, True)
+            forced += int(not np.isfinite(masked[:TB]).any())
+            want = rules.choose(masked, temperature, r1)
+            got = fast.next(logits, sampled, temperature, r2)
+            assert got[0] == want[0] and got[1] == pytest.approx(want[1], abs=0, rel=0), (case, sampled)
+            if want[0] == SP.eot:
+                break
+            sampled.append(want[0])
+    assert forced > 10                          # the forced-timestamp branch was exercised
+
+
 def test_compression_ratio_flags_loops() -> None:
     assert rules.compression_ratio("the same words again " * 20) > 2.4
     assert rules.compression_ratio("The quick brown fox jumps over the lazy dog.") < 2.4

@@ -73,3 +73,62 @@ def compression_ratio(text: str) -> float:
 
     raw = text.encode("utf-8")
     return len(raw) / max(1, len(zlib.compress(raw)))
+
+
+class Rules:
+    """``choose(mask(...))`` for the decode loop, with the masks that never change built once.
+
+    Same arithmetic as ``mask`` then ``choose`` (the same ``log_softmax``, the same reductions, in
+    the same order), so the same token and log-probability; only the per-step work that does not
+    depend on the step (the suppressed ids, the ids past the vocabulary) is hoisted out of the loop,
+    and the log-softmax ``choose`` needs is the one ``mask`` computed when no rule changed the logits
+    after it. ``tests/unit/test_audio_rules.py`` checks both give the same decisions.
+    """
+
+    def __init__(self, sp: SpecialTokens) -> None:
+        self.sp = sp
+        self.static: np.ndarray | None = None   # True where always -inf (built at the first step's size)
+
+    def _static(self, n: int) -> np.ndarray:
+        if self.static is None or len(self.static) != n:
+            static = np.zeros(n, dtype=bool)
+            static[list(self.sp.suppress)] = True
+            static[self.sp.vocab_size:] = True
+            static[self.sp.no_timestamps] = True
+            self.static = static
+        return self.static
+
+    def next(self, logits: np.ndarray, sampled: list[int], temperature: float,
+             rng: np.random.Generator) -> tuple[int, float]:
+        sp, tb = self.sp, self.sp.timestamp_begin
+        out = logits.astype(np.float32, copy=True)
+        out[self._static(len(out))] = -np.inf
+        if not sampled:
+            out[[BLANK, sp.eot]] = -np.inf
+        last_ts = len(sampled) >= 1 and sampled[-1] >= tb
+        penult_ts = len(sampled) < 2 or sampled[-2] >= tb
+        if last_ts:
+            if penult_ts:
+                out[tb:] = -np.inf
+            else:
+                out[:sp.eot] = -np.inf
+        last = next((t for t in reversed(sampled) if t >= tb), None)
+        if last is not None:
+            out[tb:last if last_ts and not penult_ts else last + 1] = -np.inf
+        if not sampled:
+            out[:tb] = -np.inf
+            out[tb + int(MAX_INITIAL_TIMESTAMP / 0.02) + 1:] = -np.inf
+        lp = log_softmax(out)
+        text, stamps = lp[:tb], lp[tb:]
+        finite = np.isfinite(stamps)
+        text_best = text.max() if np.isfinite(text).any() else -np.inf
+        ts_total = np.logaddexp.reduce(stamps[finite]) if finite.any() else -np.inf
+        if ts_total > text_best:
+            out[:tb] = -np.inf
+            lp = log_softmax(out)
+        if temperature <= 0:
+            token = int(np.argmax(out))
+        else:
+            p = np.exp(log_softmax(out / temperature))
+            token = int(rng.choice(len(p), p=p / p.sum()))
+        return token, float(lp[token])

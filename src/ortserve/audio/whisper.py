@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ortserve.audio import alignment, rules
+from ortserve.audio import alignment, rules, runner
 from ortserve.audio.decode import RATE, Audio, wav_bytes
 from ortserve.audio.tokens import LANGUAGES, SpecialTokens, load_special_tokens
 
@@ -92,9 +92,14 @@ class Transcript:
 
 
 class WhisperModel:
-    def __init__(self, model_dir: Path, threads: int = 0) -> None:
+    def __init__(self, model_dir: Path, threads: int = 0, backend: str = "ort", spin: bool | str = "auto") -> None:
         """``threads``: ONNX Runtime threads for the encoder and decoder (0: its default, every core);
-        fewer leave cores to chat engines running beside."""
+        fewer leave cores to chat engines running beside. ``backend``: ``ort`` runs the encoder and
+        decoder on ortserve's own sessions (``runner.py``: threads spin only on an idle machine, the
+        encoder runs once per window even when a fallback decodes it again); ``og`` on og's Generator
+        (the first implementation, kept to check that both decide the same tokens)."""
+        if backend not in ("ort", "og"):
+            raise ValueError(f"backend must be 'ort' or 'og', not {backend!r}")
         import onnxruntime_genai as og
 
         self.og = og
@@ -114,6 +119,7 @@ class WhisperModel:
         self.special: SpecialTokens = load_special_tokens(self.dir, int(cfg["model"]["vocab_size"]),
                                                           notes.get("suppress_tokens"))
         self.multilingual = len(self.special.languages) > 1
+        self.rules = rules.Rules(self.special)
         self.lock = threading.Lock()
         self.threads = threads
         dec = cfg["model"]["decoder"]
@@ -122,52 +128,55 @@ class WhisperModel:
         heads = notes.get("alignment_heads") or alignment.default_heads(self.layers, int(dec["num_attention_heads"]))
         self.alignment_heads = [(int(a), int(b)) for a, b in heads]
         self._aligner: alignment.Aligner | None = None
+        self.backend = backend
+        self.runner = runner.Runner(self.dir, self.layers, threads, spin) if backend == "ort" else None
 
     def memory_bytes(self) -> int:
         return sum(p.stat().st_size for p in self.dir.glob("*.onnx*"))
 
     # ---- one window ---------------------------------------------------------
-    def _start(self, pcm: np.ndarray, prompt: str) -> Any:
+    def _inputs(self, pcm: np.ndarray, prompt: str) -> Any:
+        """og's audio processor: the window's log-mel features and the prompt's token ids."""
         og = self.og
-        audios = og.Audios.open_bytes(wav_bytes(pcm))
         prefix = (f"<|startofprev|>{prompt}" if prompt else "") + "<|startoftranscript|>"
+        return self.processor(prompt=prefix, audios=og.Audios.open_bytes(wav_bytes(pcm)))
+
+    def _steps(self, inputs: Any, cross: dict[str, np.ndarray] | None) -> tuple[runner.Steps | _OgSteps, np.ndarray]:
+        """A fresh decode of the window and its first logits (after the prompt)."""
+        if self.runner is not None and cross is not None:
+            steps: runner.Steps | _OgSteps = self.runner.start(cross)
+            return steps, steps.feed([int(i) for i in inputs["input_ids"].as_numpy().reshape(-1)])
+        og = self.og
         params = og.GeneratorParams(self.model)
         params.set_search_options(max_length=448, batch_size=1)
         gen = og.Generator(self.model, params)
-        gen.set_inputs(self.processor(prompt=prefix, audios=audios))
-        return gen
+        gen.set_inputs(inputs)
+        return _OgSteps(gen, self.layers), gen.get_logits().reshape(-1)
 
-    def _decode(self, pcm: np.ndarray, prompt: str, language: str | None, task: str, temperature: float,
-                rng: np.random.Generator, words: bool = False) -> _Try:
+    def _decode(self, inputs: Any, cross: dict[str, np.ndarray] | None, language: str | None, task: str,
+                temperature: float, rng: np.random.Generator, words: bool = False) -> _Try:
         """One window at one temperature; ``language`` None: detected from this first step."""
         sp = self.special
-        gen = self._start(pcm, prompt)
-        first = gen.get_logits().reshape(-1)
+        steps, first = self._steps(inputs, cross)
         no_speech = float(np.exp(rules.log_softmax(first)[sp.no_speech]))
         if language is None:
             language = self.language_of(first) if self.multilingual else "en"
         head = [sp.languages[language], sp.translate if task == "translate" else sp.transcribe] \
             if self.multilingual else []
-        if head:
-            gen.append_tokens(np.array(head, dtype=np.int32))
-            logits = gen.get_logits().reshape(-1)
-        else:
-            logits = first
+        logits = steps.feed(head) if head else first
         sampled: list[int] = []
         total, finished = 0.0, False
         for _ in range(SAMPLE_LEN):
-            token, lp = rules.choose(rules.mask(logits, sampled, sp, True), temperature, rng)
+            token, lp = self.rules.next(logits, sampled, temperature, rng)
             total += lp
             if token == sp.eot:
                 finished = True
                 break
             sampled.append(token)
-            gen.append_tokens(np.array([token], dtype=np.int32))
-            logits = gen.get_logits().reshape(-1)
+            logits = steps.feed([token])
         t = _Try(sampled, total, no_speech, temperature, language, finished)
         if words:
-            names = [f"present_{kv}_cross_{i}" for kv in ("key", "value") for i in range(self.layers)]
-            t.cross = {n: np.ascontiguousarray(gen.get_output(n)) for n in names}
+            t.cross = cross if cross is not None else steps.cross()  # type: ignore[union-attr]
         t.text = self.text_of(sampled)
         t.avg_logprob = total / (len(sampled) + 1)
         t.compression = rules.compression_ratio(t.text)
@@ -182,8 +191,11 @@ class WhisperModel:
         """Decode at rising temperatures until the text is neither repetitive nor unlikely."""
         temps = [opts.temperature] + [round(t, 1) for t in np.arange(0.2, 1.01, 0.2) if t > opts.temperature + 1e-6]
         tries: list[_Try] = []
+        inputs = self._inputs(pcm, prompt)
+        # the encoder once per window: every temperature decodes against the same keys and values
+        cross = self.runner.encode(inputs["audio_features"].as_numpy()) if self.runner is not None else None
         for temp in temps:
-            t = self._decode(pcm, prompt, language, opts.task, temp, rng, opts.words)
+            t = self._decode(inputs, cross, language, opts.task, temp, rng, opts.words)
             language = t.language
             tries.append(t)
             if silent(t):
@@ -312,3 +324,18 @@ class WhisperModel:
 def silent(t: _Try) -> bool:
     """A window Whisper takes for silence: no speech likely and its text unlikely too."""
     return t.no_speech_prob > NO_SPEECH and t.avg_logprob < LOGPROB_FLOOR
+
+
+class _OgSteps:
+    """og's Generator behind the same ``feed`` as ``runner.Steps``."""
+
+    def __init__(self, gen: Any, layers: int) -> None:
+        self.gen, self.layers = gen, layers
+
+    def feed(self, tokens: list[int]) -> np.ndarray:
+        self.gen.append_tokens(np.array(tokens, dtype=np.int32))
+        return self.gen.get_logits().reshape(-1)
+
+    def cross(self) -> dict[str, np.ndarray]:
+        names = [f"present_{kv}_cross_{i}" for kv in ("key", "value") for i in range(self.layers)]
+        return {n: np.ascontiguousarray(self.gen.get_output(n)) for n in names}
