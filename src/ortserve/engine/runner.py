@@ -11,10 +11,8 @@ The runner holds tensors, never queues: the scheduler decides who runs.
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -23,56 +21,27 @@ from ortserve.engine.graph import LOGIT_ROWS, gather_positions, load_decoder
 from ortserve.engine.kvcache import DeviceKV, HostKV, device_of
 from ortserve.engine.lora import Adapter, LoraInputs, add_lora, find_targets, split_key
 from ortserve.engine.runtime import anon_mappings, register_custom_ops, use_huge_pages
+from ortserve.engine.spec import ModelSpec
 from ortserve.errors import ModelError
+
+__all__ = ["DecodeIO", "ModelSpec", "Runner"]  # ModelSpec: importers take it from here
 
 log = logging.getLogger("ortserve.engine")
 
 _NP = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 
 
-@dataclass(frozen=True)
-class ModelSpec:
-    """What the runner needs from genai_config.json."""
+@dataclass
+class DecodeIO:
+    """A cached decode binding and the buffers its input ids, logit rows, positions and logits
+    output stay bound to."""
 
-    onnx_path: Path
-    layers: int
-    kv_heads: int
-    heads: int
-    head_size: int
-    vocab_size: int
-    context_length: int
-    eos_token_ids: tuple[int, ...]
-    bos_token_id: int | None
-    pad_token_id: int
-    session_options: dict[str, Any]
-
-    @classmethod
-    def read(cls, model_dir: Path) -> ModelSpec:
-        cfg_path = model_dir / "genai_config.json"
-        if not cfg_path.is_file():
-            raise ModelError(f"{model_dir} has no genai_config.json",
-                             hint="point --model at an ONNX GenAI model directory, or import one with "
-                                  "`ortserve models import`")
-        try:
-            cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
-            m = cfg["model"]
-            dec = m["decoder"]
-            eos = m.get("eos_token_id", [])
-            eos_ids = tuple(eos) if isinstance(eos, list) else (int(eos),)
-            spec = cls(onnx_path=model_dir / dec.get("filename", "model.onnx"),
-                       layers=int(dec["num_hidden_layers"]), kv_heads=int(dec["num_key_value_heads"]),
-                       heads=int(dec.get("num_attention_heads", dec["num_key_value_heads"])),
-                       head_size=int(dec["head_size"]), vocab_size=int(m["vocab_size"]),
-                       context_length=int(m.get("context_length") or cfg["search"]["max_length"]),
-                       eos_token_ids=eos_ids, bos_token_id=m.get("bos_token_id"),
-                       pad_token_id=int(m.get("pad_token_id", eos_ids[0] if eos_ids else 0)),
-                       session_options=dec.get("session_options", {}))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ModelError(f"{cfg_path} is not a valid genai_config.json: missing or bad {exc}") from exc
-        if not spec.onnx_path.is_file():
-            raise ModelError(f"{model_dir} has no {spec.onnx_path.name} (named in genai_config.json)",
-                             hint="re-export or re-import the model")
-        return spec
+    io: Any
+    key: tuple[Any, ...]
+    ids: np.ndarray
+    picks: np.ndarray
+    out: np.ndarray
+    positions: np.ndarray | None
 
 
 class Runner:
@@ -146,7 +115,7 @@ class Runner:
             self.kv: HostKV | DeviceKV = DeviceKV(2 * spec.layers, self.dtype, device, providers)
         else:
             self.kv = HostKV(2 * spec.layers, self.dtype)
-        self._bindings: dict[tuple[int, int, int], Any] = {}
+        self._bindings: dict[tuple[Any, ...], Any] = {}  # IOBindings, and DecodeIOs under decode keys
         self.adapters: dict[str, int] = {"": 0}  # adapter name -> its index in the stacks (0: the base)
         self.row_adapter = np.zeros(slots, dtype=np.int64)  # each row's adapter index
         self.row_scale = np.ones(slots, dtype=np.float64)  # and its per-request scale multiplier
@@ -173,6 +142,8 @@ class Runner:
         self.capacity = capacity
         self.rows = rows
         self._bindings = {}  # they point at the old buffers
+        self._ones = np.ones(capacity, dtype=self.mask_dtype)  # a one-row decode step's mask
+        self._arange = np.arange(capacity)
 
     @property
     def nbytes(self) -> int:
@@ -264,25 +235,46 @@ class Runner:
         """An IOBinding with the KV views of ``rows`` bound as both past and present.
 
         Cached per (rows, capacity): between steps only input_ids and the mask change, so a
-        decode step rebinds two inputs instead of 4 x layers tensors.
+        step rebinds those instead of 4 x layers tensors.
         """
         key = (rows.start, rows.stop, self.capacity)
         io = self._bindings.get(key)
         if io is None:
-            io = self.session.io_binding()
-            shape = (rows.stop - rows.start, *self.kv.shape[1:])
-            where = self.kv.device
-            for layer in range(self.spec.layers):
-                for j, kind in enumerate(("key", "value")):
-                    ptr = self.kv.pointer(2 * layer + j, rows.start)
-                    io.bind_input(f"past_key_values.{layer}.{kind}", where, 0, self.dtype, shape, ptr)
-                    io.bind_output(f"present.{layer}.{kind}", where, 0, self.dtype, shape, ptr)
-            if self._lora is not None:
-                self._lora.bound[key] = None  # a fresh binding holds no adapter weights yet
-            if len(self._bindings) > 4 * self.slots:
-                self._bindings.clear()
-            self._bindings[key] = io
+            io = self._bindings[key] = self._bind_kv(rows, key)
         return io
+
+    def _bind_kv(self, rows: slice, key: tuple[Any, ...]) -> Any:
+        io = self.session.io_binding()
+        shape = (rows.stop - rows.start, *self.kv.shape[1:])
+        where = self.kv.device
+        for layer in range(self.spec.layers):
+            for j, kind in enumerate(("key", "value")):
+                ptr = self.kv.pointer(2 * layer + j, rows.start)
+                io.bind_input(f"past_key_values.{layer}.{kind}", where, 0, self.dtype, shape, ptr)
+                io.bind_output(f"present.{layer}.{kind}", where, 0, self.dtype, shape, ptr)
+        if self._lora is not None:
+            self._lora.bound[key] = None  # a fresh binding holds no adapter weights yet
+        if len(self._bindings) > 4 * self.slots:
+            self._bindings.clear()
+        return io
+
+    def _decode_io(self, rows: slice) -> DecodeIO:
+        """The binding of a decode step over ``rows`` (cached per rows and capacity, apart from the
+        prefill's): input ids, logit rows, position ids and the logits output are bound once, to
+        buffers kept with it, so a step writes its tokens in place and rebinds only the mask."""
+        key = (rows.start, rows.stop, self.capacity, "decode")
+        step = self._bindings.get(key)
+        if step is None:
+            n = rows.stop - rows.start
+            step = DecodeIO(self._bind_kv(rows, key), key, np.zeros((n, 1), self.ids_dtype),
+                            np.arange(n, dtype=np.int64), self._logits[:, :n],
+                            np.zeros((n, 1), self.ids_dtype) if self.has_position_ids else None)
+            for name, buf in (("input_ids", step.ids), (LOGIT_ROWS, step.picks), ("position_ids", step.positions)):
+                if buf is not None:
+                    step.io.bind_input(name, "cpu", 0, buf.dtype, buf.shape, buf.ctypes.data)
+            step.io.bind_output("logits", "cpu", 0, step.out.dtype, step.out.shape, step.out.ctypes.data)
+            self._bindings[key] = step
+        return step
 
     def _run(self, rows: slice, input_ids: np.ndarray, mask: np.ndarray, picks: np.ndarray,
              out: np.ndarray | None = None, positions: np.ndarray | None = None) -> np.ndarray:
@@ -329,8 +321,23 @@ class Runner:
         lengths = self.lengths[start:start + n]
         total = int(lengths.max()) + 1
         self.ensure_capacity(total)
-        mask = (np.arange(total)[None, :] <= lengths[:, None]).astype(self.mask_dtype)
-        logits = self._run(slice(start, start + n), tokens.reshape(n, 1), mask, np.arange(n), self._logits[:, :n])
+        rows = slice(start, start + n)
+        if n == 1:  # its mask is all ones: a view of a kept buffer, nothing computed
+            mask = self._ones[:total].reshape(1, total)
+        else:
+            mask = (self._arange[:total][None, :] <= lengths[:, None]).astype(self.mask_dtype)
+        if not self.last_logits_only:  # the graph as exported (every position's logits): the general path
+            logits = self._run(rows, tokens.reshape(n, 1), mask, np.arange(n), self._logits[:, :n])
+        else:
+            step = self._decode_io(rows)
+            step.ids[:, 0] = tokens
+            if step.positions is not None:
+                step.positions[:, 0] = lengths  # the new token's position: the tokens before it
+            step.io.bind_cpu_input("attention_mask", mask)
+            held = self._lora.bind(step.io, step.key, self.row_adapter[rows],  # noqa: F841 - live until the run
+                                   self.row_scale[rows]) if self._lora is not None else None
+            self.session.run_with_iobinding(step.io)
+            logits = step.out[0]
         lengths += 1
         return logits.astype(np.float32, copy=False)
 
