@@ -83,7 +83,7 @@ def bench(so: ctypes.CDLL, t: int, k: int, n: int, m: int, repeat: int) -> dict:
             "weight_GB_per_s": wbytes / secs / 1e9, "GFLOP_per_s": 2 * k * n * m / secs / 1e9}
 
 
-def vs_ggml(so_path: str, bin_dir: Path, types: list[str]) -> list[dict]:
+def vs_ggml(so_path: str, bin_dir: Path, types: list[str], ms: list[int]) -> list[dict]:
     exe = Path(tempfile.mkdtemp()) / "vs_ggml"
     cc = shutil.which("cc") or "gcc"
     subprocess.run([cc, "-O2", "-o", str(exe), str(Path(__file__).with_name("native_kernels_vs_ggml.c")), "-ldl"],
@@ -91,7 +91,7 @@ def vs_ggml(so_path: str, bin_dir: Path, types: list[str]) -> list[dict]:
     by_name = {v: k for k, v in ref.NAMES.items()}
     rows = []
     for name in types:
-        for k, n, m, repeat in ((4096, 256, 1, 400), (4096, 128, 64, 60)):
+        for k, n, m, repeat in [(4096, 256, 1, 400) if m == 1 else (4096, 128, m, max(4, 3840 // m)) for m in ms]:
             out = subprocess.run([str(exe), so_path, str(bin_dir / "libggml-base.so"), str(bin_dir / "libggml-cpu.so"),
                                   str(by_name[name]), str(k), str(n), str(m), str(repeat), "-"],
                                  check=True, capture_output=True, text=True).stdout
@@ -123,7 +123,7 @@ def main() -> None:
         if args.lib is None:
             so = load(None)
             args.lib = so._name
-        rows = vs_ggml(args.lib, args.vs_ggml.expanduser(), args.types)
+        rows = vs_ggml(args.lib, args.vs_ggml.expanduser(), args.types, args.m)
         if args.json:
             Path(args.json).write_text(json.dumps(rows, indent=1), encoding="utf-8")
         return
