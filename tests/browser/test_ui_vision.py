@@ -64,7 +64,7 @@ def test_attach_an_image_and_get_a_streamed_answer(vl_srv: ServerThread, open_pa
     page.fill("#max-tokens", "6")
     page.fill("#prompt", "What is in this picture?")
     holder = vl_srv.state.vision
-    runs = holder.get(holder.variant(vl)).vision.encoder.runs if holder._loaded else 0
+    runs = holder.engine(vl).encoder.runs if holder._loaded else 0
     with page.expect_request(lambda r: r.url.endswith("/v1/chat/completions")) as sent:
         page.click("#send")
     body = json.loads(sent.value.post_data)
@@ -76,7 +76,7 @@ def test_attach_an_image_and_get_a_streamed_answer(vl_srv: ServerThread, open_pa
                            "/finish:/.test(document.querySelector('.msg.assistant .meta').textContent)", timeout=120_000)
     answer = page.evaluate("window.ortChat.state.convs[0].messages[1]")
     assert answer["content"] and not answer.get("error") and answer["meta"]["tokens"] >= 1
-    assert holder.get(holder.variant(vl)).vision.encoder.runs == runs + 1   # the image reached the encoder
+    assert holder.engine(vl).encoder.runs == runs + 1   # the image reached the encoder
     assert page.locator(".msg.user .thumbs img").count() == 1          # shown in the conversation
     assert page.locator("#attached img").count() == 0
     # an image over the server's byte limit (100 kB here): its 400, naming the field, in the page

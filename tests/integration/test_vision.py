@@ -82,8 +82,11 @@ def hf_logits(hf: Path, ids: np.ndarray, images: list[Any]) -> np.ndarray:
     proc = AutoImageProcessor.from_pretrained(str(hf))(images=images, return_tensors="pt")
     model = hf_model(hf)
     with torch.no_grad():
-        out = model(input_ids=torch.from_numpy(ids).long(), pixel_values=proc["pixel_values"],
-                    image_grid_thw=proc["image_grid_thw"])
+        ids_t = torch.from_numpy(ids).long()
+        # mm_token_type_ids marks the image tokens: without it transformers 5 computes plain 1-D
+        # positions instead of Qwen's mRoPE ones (and og 0.18 did the same without vision_start_token_id)
+        out = model(input_ids=ids_t, pixel_values=proc["pixel_values"], image_grid_thw=proc["image_grid_thw"],
+                    mm_token_type_ids=(ids_t == model.config.image_token_id).int())
     return out.logits[0, -1].numpy()
 
 
@@ -219,7 +222,7 @@ def test_a_repeated_image_is_not_encoded_again(srv: ServerThread, client: openai
     kw: dict[str, Any] = {"model": MODEL, "messages": chat_messages(png(seed=7)), "max_tokens": 2, "temperature": 0}
     first = client.chat.completions.create(**kw)
     holder = srv.state.vision
-    encoder = holder.get(holder.variant(MODEL)).vision.encoder
+    encoder = holder.engine(MODEL).encoder
     runs, hits = encoder.runs, encoder.hits
     again = client.chat.completions.create(**kw)
     assert encoder.runs == runs and encoder.hits == hits + 1   # same bytes, same sha256: features from the cache

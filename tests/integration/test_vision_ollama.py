@@ -43,7 +43,7 @@ def client(srv: ServerThread) -> ollama.Client:
 
 def encoder(srv: ServerThread) -> Any:
     holder = srv.state.vision
-    return holder.get(holder.variant(MODEL)).vision.encoder
+    return holder.engine(MODEL).encoder
 
 
 def test_chat_images_reach_the_encoder_streamed_and_whole(srv: ServerThread, client: ollama.Client) -> None:

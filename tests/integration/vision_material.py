@@ -38,6 +38,9 @@ def qwen25_tokenizer(out: Path) -> None:
     names = {151646 + i: name for i, name in enumerate(QWEN25_SPECIALS)}
     tok["added_tokens"] = [{**a, "content": names.get(a["id"], a["content"])} for a in tok["added_tokens"]
                            if a["id"] <= 151645 + len(QWEN25_SPECIALS)]
+    # the GGUF's vocabulary names those ids [PADn] too: HF tokenizers takes an added token's id from
+    # the vocabulary by its text, else gives it one past the vocabulary (<|image_pad|> was 151945)
+    tok["model"]["vocab"] = {names.get(v, k): v for k, v in tok["model"]["vocab"].items()}
     out.mkdir(parents=True, exist_ok=True)
     (out / "tokenizer.json").write_text(json.dumps(tok, ensure_ascii=False), encoding="utf-8")
     (out / "tokenizer_config.json").write_text(json.dumps({

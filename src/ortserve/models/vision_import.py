@@ -150,6 +150,8 @@ def agreement(hf_dir: Path, model_dir: Path) -> dict[str, Any]:
     pv, grid = qwen.patches(rgb, model.pre)
     hf = Qwen2_5_VLForConditionalGeneration.from_pretrained(str(hf_dir), dtype=torch.float32).eval()
     with torch.no_grad():
-        ref = hf(input_ids=ids, pixel_values=torch.from_numpy(pv), image_grid_thw=torch.tensor([grid])).logits[0, -1]
+        # mm_token_type_ids: without it transformers 5 computes no mRoPE positions (plain 1-D ones)
+        ref = hf(input_ids=ids, pixel_values=torch.from_numpy(pv), image_grid_thw=torch.tensor([grid]),
+                 mm_token_type_ids=(ids == hf.config.image_token_id).int()).logits[0, -1]
     diff = float(np.abs(ref.numpy() - ours).max())
     return {"logits_max_abs_diff": diff, "same_argmax": bool(int(ref.argmax()) == int(ours.argmax()))}

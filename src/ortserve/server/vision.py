@@ -7,29 +7,24 @@ a store model of kind ``vision``, runs here; images for a text-only model are a 
 first image's field. The images are checked (bytes, count, pixels; vision/images.py) before
 anything runs.
 
-First step of issue 42: og's own multimodal generator, one image request at a time (the model's
-lock), in a worker thread beside the batched text engine. Each run yields TokenEvents into a
-handle shaped like the engine's, so every adapter renders it as it renders text answers.
+Each vision model runs on a batched engine of its own (server/vision_engine.py): image and text
+requests for it are rows of the same continuous batch, and their events come back through the
+engine's own RequestHandle, so every adapter renders them as it renders text answers.
 """
 
 from __future__ import annotations
 
 import asyncio
-import threading
-import time
-import uuid
-from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
-from ortserve.engine.tokenizer import TextCodec
 from ortserve.errors import InvalidRequest
 from ortserve.models.sampling import defaults_for
 from ortserve.models.store import ModelStore, Variant
-from ortserve.types import Metrics, SamplingParams, TokenEvent
-from ortserve.vision.images import ImageInput, ImageLimits, check_count, decode, from_url
-from ortserve.vision.runner import MARKER, Sampling, VisionModel
+from ortserve.server.holder import ModelHolder
+from ortserve.server.vision_engine import VisionEngine
+from ortserve.vision.images import ImageInput, ImageLimits, check_count, from_url
+from ortserve.vision.runner import MARKER
 
 
 def image_part(url: str, param: str) -> dict[str, Any]:
@@ -61,137 +56,45 @@ def flatten(messages: list[dict[str, Any]], limits: ImageLimits) -> tuple[list[d
     return out, images
 
 
-class VisionHolder:
-    """The vision models of the store, loaded on first use, each run in one worker thread."""
+class VisionHolder(ModelHolder[VisionEngine]):
+    """The vision models of the store, loaded on first use (server/holder.py: the manager's budget,
+    keep_alive and ps), each a batched engine of its own (server/vision_engine.py)."""
 
-    def __init__(self, store: ModelStore, limits: ImageLimits) -> None:
-        self.store = store
+    kind = "vision"
+
+    def __init__(self, store: ModelStore, limits: ImageLimits, settings: Any = None) -> None:
+        super().__init__(store)
         self.limits = limits
-        self._loaded: dict[str, VisionEngine] = {}
-        self._lock = threading.Lock()
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="vision")   # og's generator: one run at a time
-        # loading, decoding, patches and the encoder run here, off the event loop (and beside a run)
+        self.settings = settings   # the server's (max_batch, kv_cache_mb, prefill_chunk, prefix_cache)
+        # loading, decoding, patches and the encoder run here, off the event loop
         self.prep = ThreadPoolExecutor(2, thread_name_prefix="vision-prep")
-        self.manager: Any = None   # server/manager.ModelManager: budget, keep_alive, ps (as Whisper's)
 
     def variant(self, name: str | None) -> Variant | None:
         if not name:
             return None
         return next((v for v in self.store.find(name) if v.kind == "vision"), None)
 
-    def get(self, v: Variant) -> VisionEngine:
+    def resolve(self, ref: str | None) -> Variant:
+        v = self.variant(ref)
+        if v is None:
+            raise InvalidRequest(f"no vision model named {ref!r}", param="model", code="model_not_found")
+        return v
+
+    def open(self, v: Variant) -> VisionEngine:
+        return VisionEngine(v.model, v.model_dir, self.settings, self.prep)
+
+    def engine(self, name: str) -> VisionEngine:
+        """The loaded engine of a vision model by name (tests: its counters)."""
+        return self.get(name)[1]
+
+    def close(self, ref: str | None = None) -> None:
+        """Drop models (the manager's keep_alive or eviction) and stop their engine loops; a request
+        in flight ends with the loop."""
         with self._lock:
-            if v.id not in self._loaded:
-                engine = VisionEngine(v.model, v.model_dir, self.pool, self.prep)
-                self._loaded[v.id] = engine
-                if self.manager is not None:
-                    self.manager.adopt_external(v.id, "vision", v.model_dir, engine.vision.memory_bytes(),
-                                                lambda vid=v.id: self.close(vid))
-            if self.manager is not None:
-                self.manager.touch(v.id)
-            return self._loaded[v.id]
-
-    def close(self, model_id: str) -> None:
-        """Drop a loaded model (the manager's keep_alive or eviction); a run in flight keeps its own."""
-        with self._lock:
-            self._loaded.pop(model_id, None)
-
-
-class VisionEngine:
-    """What a Conversation needs of an engine (model_id, codec, core.abort), over a VisionModel."""
-
-    def __init__(self, model_id: str, model_dir: Path, pool: ThreadPoolExecutor, prep: ThreadPoolExecutor) -> None:
-        self.model_id = model_id
-        self.vision = VisionModel(model_dir)
-        self.codec = TextCodec(model_dir)
-        self.pool = pool
-        self.prep = prep
-        self.core = self
-        self.running: dict[str, threading.Event] = {}
-
-    def abort(self, request_id: str) -> None:
-        if request_id in self.running:
-            self.running[request_id].set()
-
-    async def submit(self, messages: list[dict[str, Any]], images: list[ImageInput], params: SamplingParams,
-                     limits: ImageLimits) -> VisionHandle:
-        """Decode and check the images, render and tokenize the prompt, encode the images (a prep
-        thread: 400s here, before anything streams), then start the run in the worker thread."""
-        def prepare() -> tuple[Any, int]:
-            prompt = self.codec.render_chat(messages)
-            decoded = [decode(i, limits) for i in images]
-            return self.vision.inputs(prompt, decoded, [i.param for i in images])
-
-        named, n_in = await asyncio.get_running_loop().run_in_executor(self.prep, prepare)
-        s = Sampling(max_tokens=params.max_tokens, temperature=params.temperature, top_p=params.top_p,
-                     top_k=params.top_k, seed=params.seed, repetition_penalty=params.repetition_penalty)
-        handle = VisionHandle(self, uuid.uuid4().hex, n_in, params.stop)
-        self.running[handle.id] = handle.stop
-        handle.start(named, s)
-        return handle
-
-
-class VisionHandle:
-    """Async iterator of one image request's TokenEvents (RequestHandle's shape)."""
-
-    def __init__(self, engine: VisionEngine, request_id: str, input_tokens: int, stops: tuple[str, ...]) -> None:
-        self.engine = engine
-        self.id = request_id
-        self.input_tokens = input_tokens
-        self.stops = tuple(s for s in stops if s)
-        self.stop = threading.Event()
-        self.queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
-
-    def start(self, named: Any, s: Sampling) -> None:
-        loop = asyncio.get_running_loop()
-        put = lambda ev: loop.call_soon_threadsafe(self.queue.put_nowait, ev)
-        self.engine.pool.submit(self._run, named, s, put)
-
-    def _run(self, named: Any, s: Sampling, put: Any) -> None:
-        start, ids, sent, ttft = time.perf_counter(), [], "", None
-        codec = self.engine.codec
-        finish, stop_seq = "length", None
-        try:
-            for step in self.engine.vision.run(named, self.input_tokens, s, self.stop):
-                ttft = step.ttft if step.ttft is not None else ttft
-                if step.finish is not None:
-                    finish = step.finish
-                    break
-                ids.append(step.token)
-                text = codec.decode(ids)
-                hit = next(((t, text.index(t)) for t in self.stops if t in text), None)
-                if hit is not None:
-                    stop_seq, finish = hit[0], "stop"
-                    text = text[:hit[1]]
-                elif text.endswith("\ufffd"):
-                    continue   # a character split across tokens: wait for the rest
-                if text[len(sent):]:
-                    put(TokenEvent(self.id, text[len(sent):], [step.token or 0]))
-                    sent = text
-                if hit is not None:
-                    break
-        except Exception as exc:  # noqa: BLE001 - the request's own error, never the server's
-            put(TokenEvent(self.id, "", finished=True, finish_reason="error", error=f"vision generation failed: {exc}"))
-            return
-        finally:
-            self.engine.running.pop(self.id, None)
-        took = time.perf_counter() - start
-        m = Metrics(model=self.engine.model_id, input_tokens=self.input_tokens, output_tokens=len(ids), ttft=ttft,
-                    total_latency=took, output_tokens_per_second=len(ids) / took if took > 0 else 0.0)
-        put(TokenEvent(self.id, "", finished=True, finish_reason=finish, metrics=m, stop_sequence=stop_seq))
-
-    def __aiter__(self) -> AsyncIterator[TokenEvent]:
-        return self._events()
-
-    async def _events(self) -> AsyncIterator[TokenEvent]:
-        try:
-            while True:
-                ev = await self.queue.get()
-                yield ev
-                if ev.finished:
-                    return
-        finally:
-            self.stop.set()
+            gone = [m for k, (_, m) in self._loaded.items() if ref is None or k == ref or k.split(":")[0] == ref]
+        super().close(ref)
+        for m in gone:
+            m.close()
 
 
 def route(st: Any, turn: Any) -> tuple[VisionHolder, Variant, list[dict[str, Any]], list[ImageInput]] | None:
@@ -212,17 +115,18 @@ def route(st: Any, turn: Any) -> tuple[VisionHolder, Variant, list[dict[str, Any
     return holder, v, messages, images
 
 
-async def start_vision(st: Any, turn: Any, sampling: Any, span: Any
-                       ) -> tuple[VisionEngine, VisionHandle, dict[str, str]] | None:
+async def start_vision(st: Any, turn: Any, sampling: Any, span: Any) -> tuple[VisionEngine, Any, dict[str, str]] | None:
     """Run a turn with images (or for a vision model) here: its engine, handle and sampling headers;
     None where the turn is for a text engine."""
     routed = route(st, turn)
     if routed is None:
         return None
     holder, v, messages, images = routed
-    engine = await asyncio.get_running_loop().run_in_executor(holder.prep, holder.get, v)   # loads on first use
+    if holder.settings is None:
+        holder.settings = st.settings
+    _, engine = await asyncio.get_running_loop().run_in_executor(holder.prep, holder.hold, v)   # loads on first use
     span.set(model=engine.model_id, provider="local", execution_provider="cpu")
-    defaults = defaults_for(st.settings, engine.vision.dir)
+    defaults = defaults_for(st.settings, engine.dir)
     max_tokens = turn.max_tokens
     if turn.max_tokens_is_ceiling and max_tokens is not None:
         max_tokens = min(max_tokens, st.settings.max_tokens_cap)

@@ -6,9 +6,11 @@ mRoPE positions, which og computes from the grid). ortserve prepares the inputs 
 (``qwen.patches``: transformers' patch layout) and expands each ``<|image_pad|>`` of the rendered
 prompt to the image's token count.
 
-This is the first step the issue allows: og's own generator, one image request at a time
-(``lock``), beside the batched text engine. The vision encoder runs in ortserve (features.py) so
-its features are cached by image hash; og gets them through a pass-through vision graph.
+Serving no longer runs here: every request for a vision model is a row of ortserve's batched
+engine (engine/embeds_runner.py, vision/rows.py, server/vision_engine.py). og's generator stays
+as the reference: the import's logits check against transformers and the tests that the
+batched rows give its tokens. The vision encoder runs in ortserve (features.py) so its features
+are cached by image hash; og gets them through a pass-through vision graph.
 """
 
 from __future__ import annotations
@@ -53,6 +55,12 @@ class Step:
     ttft: float | None = None
 
 
+def special_id(model_dir: Path, text: str) -> int | None:
+    """The id tokenizer.json gives an added (special) token, by its text."""
+    tok = json.loads((model_dir / "tokenizer.json").read_text(encoding="utf-8"))
+    return next((int(a["id"]) for a in tok.get("added_tokens", []) if a.get("content") == text), None)
+
+
 class VisionModel:
     """og's Model over a store directory with vision, embedding and decoder graphs."""
 
@@ -71,9 +79,16 @@ class VisionModel:
         out = vis.get("outputs", {}).get("image_features", "image_features")
         self.encoder = Encoder(self.dir / vis["filename"], vis.get("inputs", {}), out)
         cfg = og.Config(str(self.dir))   # og gets the pass-through graph; ortserve runs the encoder (features.py)
-        cfg.add_model_data(PASSTHROUGH, passthrough_graph(vis.get("inputs", {}), out, self.encoder.width,
-                                                          self.pre.merge))
-        cfg.overlay(json.dumps({"model": {"vision": {"filename": PASSTHROUGH}}}))
+        # og keeps a pointer to these bytes, not a reference: they must live as long as the model
+        self._passthrough = passthrough_graph(vis.get("inputs", {}), out, self.encoder.width, self.pre.merge)
+        cfg.add_model_data(PASSTHROUGH, self._passthrough)
+        overlay: dict[str, Any] = {"vision": {"filename": PASSTHROUGH}}
+        start_id = special_id(self.dir, VISION_START)
+        if "vision_start_token_id" not in gc and start_id is not None:
+            # without it og 0.18 finds no image in the ids and feeds plain 1-D positions on all three
+            # mRoPE rows (the import did not write it; vision/rows.py computes Qwen's real positions)
+            overlay["vision_start_token_id"] = start_id
+        cfg.overlay(json.dumps({"model": overlay}))
         self.model = og.Model(cfg)
         self.tokenizer = og.Tokenizer(self.model)
         self.context = int(gc.get("context_length", 4096))

@@ -1,0 +1,99 @@
+"""One loaded vision model: image and text requests as rows of ortserve's batched engine
+(engine/embeds_runner.py over vision/rows.py; docs/vision.md "Batched rows").
+
+A request is rendered and tokenized as any chat; each ``<|image_pad|>`` of the prompt becomes the
+image's virtual ids (vision/rows.py), its features taken from the encoder's cache by the image's
+sha256 or computed once (vision/features.py). The ids go to the engine like any prompt: image
+and text requests are queued, prefilled in chunks, decoded in the same batched steps, and the
+prefix cache reuses KV by image as well as by text.
+
+og's multimodal generator (vision/runner.py) no longer serves requests: every request for a vision
+model runs here (the import's logits check and the tests still run og, as the reference).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from ortserve.engine.embeds_runner import EmbedsEngine, EmbedsModel
+from ortserve.engine.engine import RequestHandle
+from ortserve.engine.tokenizer import TextCodec
+from ortserve.errors import InvalidRequest, ModelError
+from ortserve.types import SamplingParams
+from ortserve.vision import qwen
+from ortserve.vision.features import Encoder
+from ortserve.vision.images import ImageInput, ImageLimits, decode
+from ortserve.vision.rows import QwenFeed
+from ortserve.vision.runner import SIDE_FILE
+
+
+class VisionEngine:
+    """What a Conversation needs of an engine (model_id, codec, core.abort), over the batched engine."""
+
+    def __init__(self, model_id: str, model_dir: Path, settings: Any, prep: ThreadPoolExecutor) -> None:
+        self.model_id = model_id
+        self.dir = Path(model_dir)
+        notes_path = self.dir / SIDE_FILE
+        if not notes_path.is_file():
+            raise ModelError(f"{self.dir} is not a vision model (no {SIDE_FILE})")
+        notes = json.loads(notes_path.read_text(encoding="utf-8"))
+        self.pre = qwen.Preprocess.from_config(notes.get("preprocess", {}))
+        gc = json.loads((self.dir / "genai_config.json").read_text(encoding="utf-8"))["model"]
+        vis, emb = gc["vision"], gc["embedding"]
+        self.image_token_id = int(gc.get("image_token_id", notes.get("image_token_id", 151655)))
+        self.encoder = Encoder(self.dir / vis["filename"], vis.get("inputs", {}),
+                               vis.get("outputs", {}).get("image_features", "image_features"))
+        self.feed = QwenFeed(self.dir / emb["filename"], self.image_token_id)
+        self.engine = EmbedsEngine(EmbedsModel(self.dir, self.feed, settings, model_id), settings)
+        self.codec: TextCodec = self.engine.codec
+        self.prep = prep
+        self.core = self
+        self.started = False
+
+    @property
+    def vision(self) -> VisionEngine:   # tests and older callers: engine.vision.encoder
+        return self
+
+    def memory_bytes(self) -> int:
+        return sum(p.stat().st_size for p in self.dir.rglob("*.onnx*"))
+
+    def abort(self, request_id: str) -> None:
+        self.engine.core.abort(request_id)
+
+    def close(self) -> None:
+        """Stop the engine's loop (the holder dropped the model); a thread, never the event loop."""
+        threading.Thread(target=self.engine.core.stop, name="vision-close", daemon=True).start()
+
+    # ---- requests -----------------------------------------------------------------
+    def prompt_ids(self, messages: list[dict[str, Any]], images: list[ImageInput], limits: ImageLimits) -> list[int]:
+        """The prompt's token ids with each image's virtual ids in place of its ``<|image_pad|>``
+        (decoding, cutting and encoding each image, or taking its features from the cache)."""
+        ids = self.codec.chat_ids(messages)
+        places = ids.count(self.image_token_id)
+        if places != len(images):
+            raise InvalidRequest(f"the prompt has {places} image places for {len(images)} images",
+                                 param=images[0].param if images else "messages")
+        virtual = []
+        m = self.pre.merge
+        for image in images:
+            d = decode(image, limits)
+            grid = qwen.grid(d.width, d.height, self.pre, image.param)
+            feats = self.encoder.features(d.sha256, lambda d=d, p=image.param: qwen.patches(d.rgb, self.pre, p)[0],
+                                          grid)
+            virtual.append(self.feed.register(d.sha256, feats, (grid[0], grid[1] // m, grid[2] // m)))
+        return self.feed.expand(ids, virtual)
+
+    async def submit(self, messages: list[dict[str, Any]], images: list[ImageInput], params: SamplingParams,
+                     limits: ImageLimits) -> RequestHandle:
+        """Decode, check and encode the images in a prep thread (400s here, before anything streams),
+        then queue the request in the batched engine."""
+        if not self.started:
+            self.started = True
+            await self.engine.start()
+        ids = await asyncio.get_running_loop().run_in_executor(self.prep, self.prompt_ids, messages, images, limits)
+        return self.engine.submit(prompt_ids=ids, params=params)
