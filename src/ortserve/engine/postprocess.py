@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ortserve.engine.guidance import apply_mask
-from ortserve.engine.sampler import apply_penalties, sample, token_logprobs
+from ortserve.engine.sampler import apply_penalties, greedy_unless, sample, token_logprobs
 from ortserve.engine.sequence import Sequence
 from ortserve.types import TokenEvent
 
@@ -49,6 +49,10 @@ class Postprocess:
     def select(self, seq: Sequence, logits: np.ndarray, mask: np.ndarray | None = None) -> int:
         """Logits processors, then the grammar mask, then sampling: the token this sequence takes next."""
         p = seq.params
+        if seq.plain_greedy:  # the general path's pick, without its copy of the row
+            suppressed = self.eos if p.ignore_eos or len(seq.output_ids) < p.min_tokens else ()
+            if (token := greedy_unless(logits, suppressed)) is not None:
+                return token
         raw = logits
         if len(seq.output_ids) < p.min_tokens or p.ignore_eos:
             logits = logits.copy()

@@ -67,6 +67,14 @@ def sample(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator)
     return int(idx[rng.choice(len(p), p=p)])
 
 
+def greedy_unless(logits: np.ndarray, suppressed: set[int] | tuple[()]) -> int | None:
+    """The greedy pick of a row that nothing edits, without copying it: its first maximum, which is
+    also the first maximum of the row with the ``suppressed`` tokens set to -inf unless it is one of
+    them (then None: the caller masks the row and picks again)."""
+    token = int(np.argmax(logits))
+    return None if token in suppressed else token
+
+
 def token_logprobs(logits: np.ndarray, token: int, top: int) -> tuple[int, float, list[tuple[int, float]]]:
     """The model's log-probability of ``token`` and of the ``top`` likeliest tokens (raw logits,
     before penalties, grammar and temperature, as OpenAI and vLLM report them)."""

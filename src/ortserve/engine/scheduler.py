@@ -162,8 +162,10 @@ class Scheduler:
         would be alone, whatever the machine and its load; a fixed token count lands anywhere on
         that curve depending on how fast the hardware is right now.
         """
+        if not self.running or self.prefill_ratio <= 0:  # before the medians: a plain decode step needs none
+            return self.chunk_tokens
         step, per_token = self.step_seconds, self.prefill_token_seconds
-        if not self.running or self.prefill_ratio <= 0 or not step or not per_token:
+        if not step or not per_token:
             return self.chunk_tokens
         return max(MIN_CHUNK, min(self.chunk_tokens, int(self.prefill_ratio * step / per_token)))
 

@@ -46,6 +46,11 @@ class Sequence:
     def __post_init__(self) -> None:
         self.rng = make_rng(self.params.seed)
         self.stop = StopMatcher(self.params.stop)
+        p = self.params
+        # greedy, and nothing edits or reads its logits row (penalties, bias, grammar, reasoning budget,
+        # logprobs): its pick is the row's argmax, engine/postprocess.py ``select`` takes it without a copy
+        self.plain_greedy = (p.greedy and not p.edits_logits and p.logprobs is None
+                             and self.guide is None and self.think is None)
 
     def prefix(self) -> list[int]:
         """The tokens its KV row must hold before the next decode step: the prompt, and after a
