@@ -227,8 +227,13 @@ def test_a_repeated_image_is_not_encoded_again(srv: ServerThread, client: openai
     again = client.chat.completions.create(**kw)
     assert encoder.runs == runs and encoder.hits == hits + 1   # same bytes, same sha256: features from the cache
     assert again.choices[0].message.content == first.choices[0].message.content
-    client.chat.completions.create(**{**kw, "messages": chat_messages(png(seed=8))})
+    # the prefix cache keys on the image too: the same image and text reuse all the prompt's KV but
+    # its last token; another image after the same text reuses only the text before the image
+    cached = again.usage.prompt_tokens_details.cached_tokens
+    assert cached == again.usage.prompt_tokens - 1
+    other = client.chat.completions.create(**{**kw, "messages": chat_messages(png(seed=8))})
     assert encoder.runs == runs + 1
+    assert other.usage.prompt_tokens_details.cached_tokens <= cached - 6   # 84x56: 6 image tokens not reused
 
 
 def test_a_text_only_turn_on_the_vision_model_and_its_text_routes(srv: ServerThread, client: openai.OpenAI) -> None:
