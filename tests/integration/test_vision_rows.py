@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import io
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -42,10 +43,10 @@ def text_turn(text: str) -> tuple[list[dict[str, Any]], list[Any]]:
     return [{"role": "user", "content": text}], []
 
 
-def load(v: Variant) -> Any:
+def load(v: Variant, chunk: int = 512) -> Any:
     from ortserve.server.vision_engine import VisionEngine
 
-    settings = SimpleNamespace(max_batch=8, kv_cache_mb=64, prefill_chunk=512, prefix_cache=True, huge_pages=False)
+    settings = SimpleNamespace(max_batch=8, kv_cache_mb=64, prefill_chunk=chunk, prefix_cache=True, huge_pages=False)
     return VisionEngine(v.model, v.model_dir, settings, ThreadPoolExecutor(1))
 
 
@@ -136,6 +137,34 @@ def test_repetition_penalty_on_image_rows_is_ogs(vl: Variant) -> None:
 
     assert want != plain   # the penalty changes the answer here, so the equality below says something
     assert asyncio.run(run()) == want
+
+
+def test_an_image_split_across_prefill_chunks_gives_ogs_tokens(vl: Variant) -> None:
+    """16-token prefill chunks cut the image's 20 tokens: each chunk's positions come from every id
+    the row holds, and the tokens are og's."""
+    from ortserve.vision.images import ImageLimits, decode
+    from ortserve.vision.rows import BASE
+    from ortserve.vision.runner import Sampling, VisionModel
+
+    messages, images = image_turn("What is in the image?", png(140, 112, seed=10))
+    og = VisionModel(vl.model_dir)
+    named, n_in = og.inputs(load_codec(vl).render_chat(messages), [decode(images[0], ImageLimits())], ["image"])
+    want = [s.token for s in og.run(named, n_in, Sampling(max_tokens=4, temperature=0.0)) if s.token is not None]
+
+    async def run() -> tuple[list[int], list[int], int]:
+        ve = load(vl, chunk=16)
+        seqs = capture(ve.engine.core)
+        try:
+            got = await tokens(await ve.submit(messages, images, replace(GREEDY, max_tokens=4), ImageLimits()), seqs)
+            return got, ve.prompt_ids(messages, images, ImageLimits()), ve.engine.core.runner.steps
+        finally:
+            await ve.engine.stop()
+
+    got, ids, steps = asyncio.run(run())
+    image = np.flatnonzero(np.asarray(ids) >= BASE)
+    assert len(image) == 20 and image[0] // 16 != image[-1] // 16   # the image straddles a chunk boundary
+    assert steps - 3 >= -(-len(ids) // 16)                          # prefill ran in 16-token chunks
+    assert got == want
 
 
 def load_codec(v: Variant) -> Any:
