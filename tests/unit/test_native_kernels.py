@@ -156,10 +156,10 @@ def test_matmul_equals_reference(lib: ctypes.CDLL, isa: str, t: int, m: int) -> 
 
 
 @pytest.mark.parametrize("t", TYPES, ids=lambda t: ref.NAMES[t])
-@pytest.mark.parametrize("m", [9, 17, 30])
+@pytest.mark.parametrize("m", [9, 17, 35])
 def test_many_rows_equal_reference(lib: ctypes.CDLL, isa: str, t: int, m: int) -> None:
-    """More than 8 activation rows (AVX-512: the packed gemm): tiles of 8 rows and a remainder, a row
-    range that starts and ends inside a panel of 16 weight rows, ldy wider than N."""
+    """More than 8 activation rows (AVX-512: the packed gemm; Q6_K from 32): tiles of 8 rows and a
+    remainder, a row range that starts and ends inside a panel of 16 weight rows, ldy wider than N."""
     rng = np.random.default_rng(3000 * t + m)
     k, n, n0, n1 = shape(t), 41, 3, 38
     w = random_weights(t, n, k, rng)

@@ -121,7 +121,8 @@ typedef struct {
     uint8_t q[8][OSG_NR][4];
     float d[OSG_NR], m[OSG_NR];
 } osg_pk32;
-/* nc <= OSG_NR weight rows (rb bytes apart, from w) into nb panel blocks; rows past nc are zero */
-void osg_pack512(int t, const uint8_t *w, size_t rb, int64_t nb, int nc, void *panel);
+/* nc <= OSG_NR weight rows (rb bytes apart, from w) into nb panel blocks; rows past nc are zero.
+ * next_nc: rows of the next panel (from w + OSG_NR * rb) to prefetch the first blocks of, or 0. */
+void osg_pack512(int t, const uint8_t *w, size_t rb, int64_t nb, int nc, int next_nc, void *panel);
 
 #endif

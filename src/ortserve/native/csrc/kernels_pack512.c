@@ -4,6 +4,7 @@
  * (rows rb bytes apart), so the 16 lanes are the 16 rows and the unpacking is the block format's
  * bit arithmetic done for all rows at once: the word of four packed weights becomes one 64-byte
  * line of the panel, [row][4 bytes]. Lanes past the rows asked for gather nothing and hold zero. */
+#include <stdint.h>
 #include <string.h>
 
 #include "kernels_internal.h"
@@ -129,7 +130,15 @@ V512_INLINE void pack32(const rows16 *g, int kind, const uint8_t *b, osg_pk32 *p
     }
 }
 
-V512 void osg_pack512(int t, const uint8_t *w, size_t rb, int64_t nb, int nc, void *panel) {
+/* the lines of block i of rows [0, nc) from w */
+V512_INLINE void prefetch_block(const uint8_t *w, size_t rb, size_t bb, int64_t i, int nc) {
+    const uint8_t *b = w + (size_t)i * bb;
+    uintptr_t first = (uintptr_t)b & ~(uintptr_t)63, last = (uintptr_t)(b + bb - 1) & ~(uintptr_t)63;
+    for (int c = 0; c < nc; c++)
+        for (uintptr_t l = first; l <= last; l += 64) _mm_prefetch((const char *)(l + (size_t)c * rb), _MM_HINT_T0);
+}
+
+V512 void osg_pack512(int t, const uint8_t *w, size_t rb, int64_t nb, int nc, int next_nc, void *panel) {
     rows16 g;
     g.idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                _mm512_set1_epi32((int)rb));
@@ -137,6 +146,10 @@ V512 void osg_pack512(int t, const uint8_t *w, size_t rb, int64_t nb, int nc, vo
     size_t bb = rb / (size_t)nb;
     for (int64_t i = 0; i < nb; i++) {
         const uint8_t *b = w + (size_t)i * bb;
+        /* 16 rows are 16 streams rb apart, which the prefetchers do not follow in time when the
+         * weight is past the cache: ask for the blocks two ahead, into the next panel's rows */
+        if (i + 2 < nb) prefetch_block(w, rb, bb, i + 2, nc);
+        else if (i + 2 - nb < nb) prefetch_block(w + OSG_NR * rb, rb, bb, i + 2 - nb, next_nc);
         switch (t) {
         case OSG_Q4_K: pack_q45k(&g, 0, b, (osg_pk256 *)panel + i); break;
         case OSG_Q5_K: pack_q45k(&g, 1, b, (osg_pk256 *)panel + i); break;
@@ -151,7 +164,7 @@ V512 void osg_pack512(int t, const uint8_t *w, size_t rb, int64_t nb, int nc, vo
     }
 }
 #else
-void osg_pack512(int t, const uint8_t *w, size_t rb, int64_t nb, int nc, void *panel) {
-    (void)t, (void)w, (void)rb, (void)nb, (void)nc, (void)panel;
+void osg_pack512(int t, const uint8_t *w, size_t rb, int64_t nb, int nc, int next_nc, void *panel) {
+    (void)t, (void)w, (void)rb, (void)nb, (void)nc, (void)next_nc, (void)panel;
 }
 #endif
