@@ -236,6 +236,29 @@ def test_a_repeated_image_is_not_encoded_again(srv: ServerThread, client: openai
     assert other.usage.prompt_tokens_details.cached_tokens <= cached - 6   # 84x56: 6 image tokens not reused
 
 
+def test_image_and_text_requests_share_the_engines_steps_over_http(srv: ServerThread, client: openai.OpenAI) -> None:
+    """Two image and two text chats: held between two steps while the first decodes, the other
+    three queue; released, one decode step runs all four rows, and each answer is its answer alone."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tests.clocks import EngineHold, wait_until
+
+    kw: dict[str, Any] = {"model": MODEL, "max_tokens": 6, "temperature": 0}
+    asks = [chat_messages(png(seed=30)), [{"role": "user", "content": "Name a colour."}],
+            chat_messages(png(70, 42, seed=31)), [{"role": "user", "content": "Name a fruit."}]]
+    alone = [client.chat.completions.create(messages=m, **kw).choices[0].message.content for m in asks]
+    core = srv.state.vision.engine(MODEL).engine.core
+    with EngineHold(core) as hold, ThreadPoolExecutor(4) as pool:
+        first = pool.submit(client.chat.completions.create, messages=asks[0], **kw)
+        assert hold.held.wait(120)   # the first request decodes; the loop waits between two steps
+        rest = [pool.submit(client.chat.completions.create, messages=m, **kw) for m in asks[1:]]
+        assert wait_until(lambda: len(core.waiting) == 3)
+        hold.release()
+        together = [f.result(timeout=300).choices[0].message.content for f in [first, *rest]]
+    assert core.runner.widest >= 4   # a decode step ran the two image rows and the two text rows
+    assert together == alone
+
+
 def test_a_text_only_turn_on_the_vision_model_and_its_text_routes(srv: ServerThread, client: openai.OpenAI) -> None:
     out = client.chat.completions.create(model=MODEL, max_tokens=3, temperature=0,
                                          messages=[{"role": "user", "content": "Hello"}])
