@@ -271,3 +271,15 @@ def test_a_loaded_vision_model_shows_in_ps(srv: ServerThread, client: openai.Ope
     client.chat.completions.create(model=MODEL, max_tokens=1, messages=chat_messages(png(seed=9)))
     names = [m["name"] for m in httpx.get(f"{srv.url}/api/ps", timeout=30).json()["models"]]
     assert any(n.startswith(MODEL) for n in names), names
+
+
+def test_dropping_a_vision_model_stops_its_engine(srv: ServerThread, client: openai.OpenAI) -> None:
+    """keep_alive or eviction drops the model (the holder's close): its engine loop and watchdog stop
+    (a watchdog left running would restart the loop, model and all)."""
+    from tests.clocks import wait_until
+
+    client.chat.completions.create(model=MODEL, max_tokens=1, messages=[{"role": "user", "content": "Hi"}])
+    ve = srv.state.vision.engine(MODEL)
+    srv.state.vision.close(MODEL)
+    assert wait_until(lambda: not ve.engine.core.alive and ve.engine.watchdog._task is None)
+    assert not srv.state.vision.loaded()

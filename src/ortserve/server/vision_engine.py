@@ -54,6 +54,7 @@ class VisionEngine:
         self.prep = prep
         self.core = self
         self.started = False
+        self.loop: asyncio.AbstractEventLoop | None = None   # the one the engine's watchdog runs on
 
     @property
     def vision(self) -> VisionEngine:   # tests and older callers: engine.vision.encoder
@@ -66,8 +67,13 @@ class VisionEngine:
         self.engine.core.abort(request_id)
 
     def close(self) -> None:
-        """Stop the engine's loop (the holder dropped the model); a thread, never the event loop."""
-        threading.Thread(target=self.engine.core.stop, name="vision-close", daemon=True).start()
+        """Stop the engine's watchdog and loop (the holder dropped the model), on the event loop
+        that started them; the watchdog would otherwise restart a loop stopped alone."""
+        loop = self.loop
+        if loop is not None and not loop.is_closed():
+            asyncio.run_coroutine_threadsafe(self.engine.stop(), loop)
+        else:
+            threading.Thread(target=self.engine.core.stop, name="vision-close", daemon=True).start()
 
     # ---- requests -----------------------------------------------------------------
     def prompt_ids(self, messages: list[dict[str, Any]], images: list[ImageInput], limits: ImageLimits) -> list[int]:
@@ -94,6 +100,7 @@ class VisionEngine:
         then queue the request in the batched engine."""
         if not self.started:
             self.started = True
+            self.loop = asyncio.get_running_loop()
             await self.engine.start()
         ids = await asyncio.get_running_loop().run_in_executor(self.prep, self.prompt_ids, messages, images, limits)
         return self.engine.submit(prompt_ids=ids, params=params)
