@@ -35,9 +35,10 @@ from ortserve.engine.core import EngineCore
 from ortserve.engine.engine import AsyncEngine, LoadedModel
 from ortserve.engine.graph import LOGIT_ROWS
 from ortserve.engine.reasoning import ThinkBudget
-from ortserve.engine.runner import ModelSpec, Runner
+from ortserve.engine.runner import Runner
 from ortserve.engine.runtime import DeviceChoice
 from ortserve.engine.sequence import Sequence
+from ortserve.engine.spec import ModelSpec
 from ortserve.errors import ModelError
 from ortserve.types import SamplingParams
 
