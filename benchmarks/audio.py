@@ -39,6 +39,8 @@ def main() -> None:
                     "whole sets: 3 is ~11 s, 16 ~60 s")
     ap.add_argument("--words", action="store_true", help="word timestamps on, in both (cross-attention + DTW)")
     ap.add_argument("--no-faster-whisper", action="store_true")
+    ap.add_argument("--profile", action="store_true", help="instead: seconds and fractions per part of one "
+                    "transcription (--backend ort or og), after a warm-up, over --runs runs")
     args = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
 
@@ -57,6 +59,13 @@ def main() -> None:
     wav = speech.synthesize(text, work / "phrases.wav")
     data = wav.read_bytes()
     audio = decode(data, max_seconds=36000)
+    if args.profile:
+        backend = "og" if args.backend == "og" else "ort"
+        print(json.dumps({"model": variant.id, "audio_seconds": round(audio.seconds, 2), "backend": backend,
+                          "threads": args.threads, "words": args.words,
+                          **profile(WhisperModel(variant.model_dir, threads=args.threads, backend=backend), data,
+                                    args.words, max(1, args.runs)), "load_average": os.getloadavg()}, indent=2))
+        return
     engines: dict[str, Callable[[], str]] = {}
     backends = ("ort", "og") if args.backend == "both" else (args.backend,)
     for backend in backends:
@@ -95,6 +104,9 @@ def main() -> None:
                 results[name]["time_vs_faster_whisper"] = round(
                     results[name]["seconds"] / results["faster_whisper"]["seconds"], 3)
                 results[name]["pair_ratios"] = [round(r, 3) for r in ratios]
+                if results[name]["cpu_seconds"]:
+                    results[name]["cpu_vs_faster_whisper"] = round(
+                        results[name]["cpu_seconds"] / results["faster_whisper"]["cpu_seconds"], 3)
     print(json.dumps({"model": variant.id, "audio_seconds": round(audio.seconds, 2), "threads": args.threads,
                       "words": args.words, "runs": args.runs, "first": first,
                       "cpu": platform.processor() or platform.machine(), "load_average": os.getloadavg(),
@@ -108,6 +120,7 @@ def alternate(engines: dict[str, Callable[[], str]], runs: int, seconds: float, 
 
     outs: dict[str, str] = {}
     times: dict[str, list[float]] = {name: [] for name in engines}
+    cpu: dict[str, list[float]] = {name: [] for name in engines}   # CPU seconds of all this process's threads
     loads: list[float] = []
     for name, run in engines.items():
         t0 = time.perf_counter()
@@ -116,9 +129,10 @@ def alternate(engines: dict[str, Callable[[], str]], runs: int, seconds: float, 
             times[name].append(time.perf_counter() - t0)
     for _ in range(runs):
         for name, run in engines.items():
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             outs[name] = run()
             times[name].append(time.perf_counter() - t0)
+            cpu[name].append(time.process_time() - c0)
             loads.append(os.getloadavg()[0])
     expected = [x for x in re.split(r"[.!?]+", reference) if x.strip()]
     out: dict[str, dict] = {}
@@ -126,11 +140,66 @@ def alternate(engines: dict[str, Callable[[], str]], runs: int, seconds: float, 
         found = [x for x in re.split(r"[.!?]+", outs[name]) if x.strip()]
         med = statistics.median(ts)
         out[name] = {"seconds": round(med, 3), "rtf": round(med / seconds, 4), "best_seconds": round(min(ts), 3),
-                     "times": [round(t, 3) for t in ts], "wer": round(wer([reference], [outs[name]]), 4),
+                     "times": [round(t, 3) for t in ts],
+                     "cpu_seconds": round(statistics.median(cpu[name]), 3) if cpu[name] else None,
+                     "cpu_times": [round(t, 3) for t in cpu[name]], "wer": round(wer([reference], [outs[name]]), 4),
                      "sentences_expected": len(expected), "sentences_found": len(found)}
     if loads:
         out[next(iter(out))]["load_during"] = [round(x, 1) for x in loads]
     return out
+
+
+def profile(model: object, data: bytes, words: bool, runs: int) -> dict:
+    """Wall seconds per part of a transcription: each part's method wrapped with a timer."""
+    from collections import defaultdict
+
+    from ortserve.audio import decode as dec
+    from ortserve.audio import rules, runner
+    from ortserve.audio import whisper as w
+
+    spent: dict[str, float] = defaultdict(float)
+    cpu: dict[str, float] = defaultdict(float)    # CPU seconds of all threads (steadier than wall under load)
+    calls: dict[str, int] = defaultdict(int)
+
+    def wrap(owner: object, attr: str, part: str) -> None:
+        fn = getattr(owner, attr)
+
+        def timed(*a: object, **k: object) -> object:
+            t0, c0 = time.perf_counter(), time.process_time()
+            try:
+                return fn(*a, **k)
+            finally:
+                spent[part] += time.perf_counter() - t0
+                cpu[part] += time.process_time() - c0
+                calls[part] += 1
+        setattr(owner, attr, timed)
+
+    for owner, attr, part in [
+            (dec, "decode", "audio decode + resample"), (w.WhisperModel, "_inputs", "log-mel + prompt ids (og processor)"),
+            (runner.Runner, "encode", "encoder"), (runner.Steps, "feed", "decoder runs (prompt prefill + steps)"),
+            (w._OgSteps, "feed", "decoder steps (og append_tokens)"),
+            (w.WhisperModel, "_steps", "decode start (og: set_inputs = encoder + prefill; ort: prefill)"),
+            (rules.Rules, "next", "rules + choice (Python)"), (w.WhisperModel, "text_of", "detokenize"),
+            (w, "silent", "no-speech check"), (rules, "compression_ratio", "compression ratio"),
+            (w.WhisperModel, "_time_words", "word alignment")]:
+        wrap(owner, attr, part)
+
+    def once() -> None:
+        for _ in model.transcribe(dec.decode(data, max_seconds=36000), w.Options(language="en", words=words)):  # type: ignore[attr-defined]
+            pass
+
+    once()
+    spent.clear()
+    cpu.clear()
+    calls.clear()
+    t0, c0 = time.perf_counter(), time.process_time()
+    for _ in range(runs):
+        once()
+    total, total_cpu = time.perf_counter() - t0, time.process_time() - c0
+    parts = {k: {"seconds": round(v / runs, 3), "fraction": round(v / total, 4),
+                 "cpu_seconds": round(cpu[k] / runs, 3), "cpu_fraction": round(cpu[k] / total_cpu, 4),
+                 "calls": calls[k] // runs} for k, v in sorted(spent.items(), key=lambda kv: -kv[1])}
+    return {"seconds": round(total / runs, 3), "cpu_seconds": round(total_cpu / runs, 3), "parts": parts}
 
 
 if __name__ == "__main__":
