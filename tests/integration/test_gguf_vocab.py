@@ -28,9 +28,9 @@ LLAMA3_ROWS = 128256
 def llama3_tokenizer(family_models: dict[str, Path]) -> Path:
     """The importer's output for a Llama-3.2-shaped GGUF with the real ``llama-bpe`` vocabulary
     (tests/integration/family_models.py: imported once, cached)."""
-    from tests.llamacpp import vocab
+    from tests.llamacpp import source_reader, vocab
 
-    assert len(gguf.GGUFReader(str(vocab("llama-bpe"))).fields["tokenizer.ggml.tokens"].data) == LLAMA3_ROWS
+    assert len(source_reader(vocab("llama-bpe")).fields["tokenizer.ggml.tokens"].data) == LLAMA3_ROWS
     return family_models["llama3.2-1b"]
 
 
@@ -66,9 +66,9 @@ def test_an_older_import_with_an_extra_id_loads_with_it_masked(llama3_tokenizer:
 
 def disagreeing_gguf(path: Path, rows: int) -> Path:
     """A llama file with the llama-spm vocabulary (32,000 tokens) and ``rows`` embedding rows."""
-    from tests.llamacpp import vocab
+    from tests.llamacpp import source_reader, vocab
 
-    src = gguf.GGUFReader(str(vocab("llama-spm")))
+    src = source_reader(vocab("llama-spm"))
     w = gguf.GGUFWriter(str(path), "llama")
     for k, v in (("block_count", 1), ("context_length", 64), ("embedding_length", 32), ("feed_forward_length", 64)):
         getattr(w, f"add_{k}")(v)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import gc
 import json
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -103,10 +104,12 @@ def genai_config(spec: Spec, weights: GGUFWeights) -> dict[str, Any]:
                    "temperature": 1.0, "top_k": 50, "top_p": 1.0}}
 
 
-def write_tokenizer(gguf_path: Path, out_dir: Path, rows: int) -> None:
+def write_tokenizer(gguf_path: Path, out_dir: Path, rows: int) -> list[str]:
     """tokenizer.json, its config and the chat template, from the GGUF's metadata only, naming
-    no id at or past the model's ``rows`` (gguf_vocab.fit_tokenizer)."""
+    no id at or past the model's ``rows`` (gguf_vocab.fit_tokenizer). Returns the files' names."""
     import os
+
+    before = {p.name for p in out_dir.iterdir()}
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoTokenizer
@@ -118,6 +121,7 @@ def write_tokenizer(gguf_path: Path, out_dir: Path, rows: int) -> None:
     tok.save_pretrained(str(out_dir))
     fit_tokenizer(out_dir, rows)
     keep_fim_ids(gguf_metadata(gguf_path), out_dir)  # its fill-in-the-middle tokens, where the file names them
+    return sorted({p.name for p in out_dir.iterdir()} - before)
 
 
 def smoke_logits(model_dir: Path, spec: Spec, n_tokens: int = 8) -> float:
@@ -132,10 +136,13 @@ def smoke_logits(model_dir: Path, spec: Spec, n_tokens: int = 8) -> float:
 
 
 def import_gguf_streamed(gguf_path: Path, out_dir: Path, *, progress: Progress | None = None,
-                         smoke: bool = True, native: Plan | None = None) -> dict[str, Any]:
+                         smoke: bool = True, native: Plan | None = None,
+                         tokenizer_from: tuple[Path, list[str]] | None = None) -> dict[str, Any]:
     """Write the exact ONNX GenAI model of ``gguf_path`` into ``out_dir``; returns the report.
     ``native`` (a usable gguf_native.Plan): the matrices its library reads go on its GgufMatMul /
-    GgufGather ops, and the library is copied into ``out_dir`` and named in genai_config.json."""
+    GgufGather ops, and the library is copied into ``out_dir`` and named in genai_config.json.
+    ``tokenizer_from``: (folder, names) of the same file's tokenizer, already written by an
+    earlier call (its report's ``tokenizer_files``), copied instead of converted again."""
     import onnx
 
     say = progress or (lambda _m: None)
@@ -168,7 +175,12 @@ def import_gguf_streamed(gguf_path: Path, out_dir: Path, *, progress: Progress |
     gc.collect()
     release_freed_memory()
     t_graph = time.monotonic() - t0
-    write_tokenizer(gguf_path, out_dir, spec.vocab)
+    if tokenizer_from is None:
+        tokenizer_files = write_tokenizer(gguf_path, out_dir, spec.vocab)
+    else:
+        tokenizer_files = tokenizer_from[1]
+        for name in tokenizer_files:
+            shutil.copy2(tokenizer_from[0] / name, out_dir / name)
     (out_dir / "genai_config.json").write_text(json.dumps(config, indent=4), encoding="utf-8")
     release_freed_memory()   # the tokenizer's conversion leaves its freed heap behind too
     peak = smoke_logits(out_dir, spec) if smoke else None
@@ -179,7 +191,7 @@ def import_gguf_streamed(gguf_path: Path, out_dir: Path, *, progress: Progress |
             "nodes": len(report), "folded_minimums": sum(n["offsets"] for n in report),
             "max_weight_error": checks.max_error, "checked_tensors": checks.tensors,
             "smoke_max_logit": peak, "seconds": round(time.monotonic() - t0, 2), "kernels": kernels,
-            "weight_bytes_per_token": read,
+            "weight_bytes_per_token": read, "tokenizer_files": tokenizer_files,
             **({"native_isa": native.isa, "native_nodes": writer_native_nodes} if kernels == "gguf-native" else {})}
 
 

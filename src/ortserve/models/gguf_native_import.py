@@ -71,7 +71,8 @@ def import_native(gguf: Path, out_dir: Path, work: Path, use: Plan, progress: An
     base = import_gguf_streamed(gguf, ref_dir, progress=progress, smoke=False)
     say(f"writing the GGUF-native graph ({use.isa or 'native kernels'})")
     try:   # whatever refuses the file itself was raised by the MatMulNBits write above
-        report = import_gguf_streamed(gguf, out_dir, progress=progress, smoke=False, native=use)
+        report = import_gguf_streamed(gguf, out_dir, progress=progress, smoke=False, native=use,
+                                      tokenizer_from=(ref_dir, base["tokenizer_files"]))
     except (ModelError, OSError, ValueError) as exc:
         raise NativeRefused(f"the native graph could not be written: {str(exc).splitlines()[0]}") from exc
     if report["kernels"] != "gguf-native":

@@ -54,9 +54,9 @@ def from_generation_config(path: Path) -> dict[str, float | int]:
 def from_gguf(path: Path) -> dict[str, float | int]:
     """The sampling metadata a GGUF file carries ({} when it has none)."""
     try:
-        import gguf
+        from ortserve.models.gguf_open import open_reader
 
-        reader = gguf.GGUFReader(str(path))
+        reader = open_reader(path)
     except Exception:  # noqa: BLE001 - no metadata is not an error
         return {}
     found: dict[str, Any] = {}
