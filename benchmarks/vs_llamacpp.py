@@ -1,7 +1,7 @@
 """ortserve against llama.cpp's own tools on the same GGUF, interleaved in one run (prints JSON).
 
     .venv/bin/python benchmarks/vs_llamacpp.py --llama-bin /work/llama/build/bin [--threads 2]
-        [--reps 3] [--parallel 1,4,16] [--spin] [--no-ppl]
+        [--reps 3] [--parallel 1,4,16] [--spin auto|on|off] [--no-ppl]
 
 ``--llama-bin`` (or ``LLAMA_CPP_BIN``) is the directory holding ``llama-bench``,
 ``llama-batched-bench`` and ``llama-perplexity`` built from llama.cpp's source (docs/bench.md
@@ -36,6 +36,7 @@ from _common import RawOg, emit, machine, median, model_dir
 
 from ortserve.config import load_settings
 from ortserve.engine import AsyncEngine
+from ortserve.engine.runtime import spinning_wanted
 from ortserve.models.catalog import embedded_gguf
 from ortserve.models.quality import heldout_text, token_logprobs
 from ortserve.models.validate import check_gguf
@@ -154,7 +155,9 @@ def main() -> None:
     ap.add_argument("--gen", type=int, default=128)
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--parallel", default="1,4,16")
-    ap.add_argument("--spin", action="store_true", help="ortserve's ONNX Runtime threads spin (llama.cpp's do)")
+    ap.add_argument("--spin", choices=("auto", "on", "off"), default="auto",
+                    help="ortserve's ONNX Runtime threads spin (llama.cpp's do; raw og's do by default): auto is "
+                         "the server's own default (spin when the machine is idle as the model loads)")
     ap.add_argument("--no-ppl", action="store_true")
     ap.add_argument("--ppl-ctx", type=int, default=128)
     args = ap.parse_args()
@@ -162,7 +165,7 @@ def main() -> None:
     gguf = Path(args.gguf) if args.gguf else embedded_gguf()
     path, mid = model_dir(args.model)
     result: dict[str, Any] = {"benchmark": "vs_llamacpp", "model": mid, "gguf": str(gguf), "machine": machine(),
-                              "threads": args.threads, "ortserve_spinning": args.spin, "reps": args.reps}
+                              "threads": args.threads, "reps": args.reps}
     llama: LlamaCpp | None = None
     bin_dir = Path(args.llama_bin) if args.llama_bin else None
     needed = [t for t in TOOLS if not (args.no_ppl and t == "llama-perplexity")]  # --no-ppl: not needed
@@ -173,7 +176,9 @@ def main() -> None:
     else:
         llama = LlamaCpp(bin_dir, gguf, args.threads)  # type: ignore[arg-type]
 
-    settings = load_settings(max_batch=max(parallel), intra_op_threads=args.threads, thread_spinning=args.spin)
+    spin: bool | str = {"on": True, "off": False}.get(args.spin, "auto")
+    settings = load_settings(max_batch=max(parallel), intra_op_threads=args.threads, thread_spinning=spin)
+    result["ortserve_spinning"] = spinning_wanted(spin)   # what the engine's sessions were given
     engine = AsyncEngine.load(path, settings)
     text = heldout_text()
     ids = engine.codec.encode(text, add_special_tokens=False)

@@ -51,7 +51,7 @@ def test_upload_a_wav_and_read_the_transcript(speech_srv: ServerThread, open_pag
     assert "Choose an audio file" in page.inner_text("#speech-status")
     page.set_input_files("#speech-file", str(wav))
     page.click("#speech-go")
-    page.wait_for_selector("#segments li", timeout=120_000)
+    page.wait_for_selector("#segments li")   # the page's default bound (conftest.watch)
     text = page.inner_text("#transcript")
     assert wer([SAID], [text]) <= 0.1, text
     seg = page.inner_text("#segments li:first-child")
