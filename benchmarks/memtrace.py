@@ -8,8 +8,12 @@ Per arena: the bytes it has from the system, and how much of that is free (``fas
 ``rest``: the other free chunks), i.e. what glibc keeps that the program gave back; ``in_use`` is
 the difference. Blocks from the mmap threshold up are counted apart (``mmap``). Growth in ``free``
 under a steady load is fragmentation, growth in ``in_use`` is live memory (a leak or a cache
-filling). Python's own objects are ``ORTSERVE_DEBUG_TRACEMALLOC`` (server/memtrace.py). gdb stops
-the process for a second or two (needs ptrace rights: root, or ``kernel.yama.ptrace_scope=0``).
+filling). Python's own objects are ``ORTSERVE_DEBUG_TRACEMALLOC`` (server/memtrace.py).
+
+gdb stops the process for a few seconds (twice with ``--trim``; it needs ptrace rights: root, or
+``kernel.yama.ptrace_scope=0``): clients see it. In a soak on a loaded machine each look cost one
+or two requests a transport error (``ReadError``) as the server woke with its keep-alive timers
+run out, so a soak that counts errors is looked at this way only when those errors are accepted.
 """
 
 from __future__ import annotations

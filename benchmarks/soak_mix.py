@@ -316,10 +316,16 @@ def steady(result: dict[str, Any]) -> dict[str, Any]:
     t_full, m_full, _ = pairs[full]
     rest = pairs[full:]
     rss_less = [m - c for _, m, c in pairs]
+    t_end = rest[-1][0]
+    first = [m for t, m, _ in rest if t < t_full + 600]
+    last = [m for t, m, _ in rest if t >= t_end - 600]
+    mean_drift = round(100 * (sum(last) / len(last) - sum(first) / len(first)) / (sum(first) / len(first)), 2)
     return {"prefix_cache_full_at_s": t_full, "prefix_cache_max_mb": top,
             "rss_at_cache_full_mb": m_full, "rss_end_mb": rest[-1][1],
             "drift_after_cache_full_pct": round(100 * (rest[-1][1] - m_full) / m_full, 2),
             "max_drift_after_cache_full_pct": round(100 * (max(m for _, m, _ in rest) - m_full) / m_full, 2),
+            # RSS saw-tooths by tens of MB as the cache evicts and refills: means, not single samples
+            "mean_drift_last_vs_first_10_min_after_cache_full_pct": mean_drift,
             "rss_less_cache_mb_after_warmup_and_end": [round(rss_less[0], 1), round(rss_less[-1], 1)],
             "rss_less_cache_drift_pct": round(100 * (rss_less[-1] - rss_less[0]) / rss_less[0], 2)}
 
