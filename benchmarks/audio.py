@@ -153,8 +153,8 @@ def profile(model: object, data: bytes, words: bool, runs: int) -> dict:
     """Wall seconds per part of a transcription: each part's method wrapped with a timer."""
     from collections import defaultdict
 
+    from ortserve.audio import alignment, rules, runner
     from ortserve.audio import decode as dec
-    from ortserve.audio import rules, runner
     from ortserve.audio import whisper as w
 
     spent: dict[str, float] = defaultdict(float)
@@ -181,7 +181,10 @@ def profile(model: object, data: bytes, words: bool, runs: int) -> dict:
             (w.WhisperModel, "_steps", "decode start (og: set_inputs = encoder + prefill; ort: prefill)"),
             (rules.Rules, "next", "rules + choice (Python)"), (w.WhisperModel, "text_of", "detokenize"),
             (w, "silent", "no-speech check"), (rules, "compression_ratio", "compression ratio"),
-            (w.WhisperModel, "_time_words", "word alignment")]:
+            (w.WhisperModel, "_time_words", "word alignment"),
+            (alignment.Aligner, "attention", "word alignment: attention pass"),
+            (alignment, "median_filter", "word alignment: median filter"), (alignment, "dtw", "word alignment: DTW"),
+            (alignment, "words_of", "word alignment: words from tokens")]:
         wrap(owner, attr, part)
 
     def once() -> None:

@@ -83,3 +83,12 @@ def test_the_import_records_the_alignment_heads(tmp_path) -> None:
     (tmp_path / "generation_config.json").write_text(json.dumps({"alignment_heads": [[2, 0]]}), encoding="utf-8")
     assert alignment_heads(tmp_path, {}) == [[2, 0]]                                              # Hugging Face's
     assert alignment.default_heads(6, 2) == [(3, 0), (3, 1), (4, 0), (4, 1), (5, 0), (5, 1)]
+
+
+def test_median_filter_equals_the_median_of_reflect_padded_windows() -> None:
+    """The filter (scipy's, mirror edges) against the definition: np.median over each frame's 7-frame
+    window of the reflect-padded scores, on random data of the aligner's shape: equal, not close."""
+    x = np.random.default_rng(3).standard_normal((4, 9, 300))
+    padded = np.pad(x, [(0, 0), (0, 0), (3, 3)], mode="reflect")
+    want = np.median(np.lib.stride_tricks.sliding_window_view(padded, 7, axis=-1), axis=-1)
+    assert np.array_equal(alignment.median_filter(x, 7), want)
