@@ -14,6 +14,8 @@ import pytest
 
 gguf = pytest.importorskip("gguf")
 
+from tests.llamacpp import source_reader
+
 from ortserve.models.gguf_exact import LOGIT_TOL, import_gguf_exact, logit_check
 from ortserve.models.gguf_reader import UnsupportedBlockType
 
@@ -43,7 +45,7 @@ def write_tiny_gguf(path: Path, types: list[dict[str, str]], *, embd: str = "Q8_
     from ortserve.models.catalog import embedded_gguf
 
     rng = np.random.default_rng(seed)
-    src = gguf.GGUFReader(str(embedded_gguf()))
+    src = source_reader(embedded_gguf())
     vocab = len(src.fields["tokenizer.ggml.tokens"].data)
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_block_count(LAYERS)

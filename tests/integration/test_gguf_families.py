@@ -60,11 +60,11 @@ CASES: dict[str, dict[str, Any]] = {
 
 
 def write(path: Path, c: dict[str, Any]) -> Path:
-    from tests.llamacpp import vocab
+    from tests.llamacpp import source_reader, vocab
 
     rng = np.random.default_rng(3)
     arch, heads, kv, hd = c["arch"], c["heads"], c["kv"], c["head_dim"]
-    src = gguf.GGUFReader(str(vocab(c["vocab"])))
+    src = source_reader(vocab(c["vocab"]))
     n_vocab = len(src.fields["tokenizer.ggml.tokens"].data)
     w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(LAYERS)

@@ -19,6 +19,7 @@ gguf = pytest.importorskip("gguf")
 onnx = pytest.importorskip("onnx")
 
 from tests.integration.test_gguf_exact import quantized_bytes
+from tests.llamacpp import source_reader
 
 from ortserve.errors import ModelError
 from ortserve.models.gguf_check import with_accuracy_level
@@ -38,7 +39,7 @@ def write(path: Path, arch: str, types: dict[str, str], *, embd: str, output: st
     from ortserve.models.catalog import embedded_gguf
 
     rng = np.random.default_rng(1)
-    src = gguf.GGUFReader(str(embedded_gguf()))
+    src = source_reader(embedded_gguf())
     vocab = len(src.fields["tokenizer.ggml.tokens"].data)
     w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(LAYERS)
