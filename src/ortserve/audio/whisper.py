@@ -1,9 +1,10 @@
-"""A Whisper model on ONNX Runtime GenAI and its windowed decode loop (openai/whisper transcribe.py).
+"""A Whisper model on ONNX Runtime (GenAI) and its windowed decode loop (openai/whisper transcribe.py).
 
-og runs the audio processor (log-mel), the encoder and one decoder step at a time; this module
-drives the steps itself (``get_logits`` -> the rules in ``rules.py`` -> ``append_tokens``), so it
-applies Whisper's timestamp and suppression rules, detects the language from the first step,
-reads the no-speech probability, falls back to higher temperatures on a repetitive or unlikely
+og's audio processor makes the log-mel features and og's tokenizer the text; the encoder and the
+decoder run on ortserve's own ONNX Runtime sessions (``runner.py``; og's Generator with
+``backend="og"``), one decoder step at a time driven from here (logits -> the rules in ``rules.py`` ->
+the next token), so this module applies Whisper's timestamp and suppression rules, detects the
+language from the first step, reads the no-speech probability, falls back to higher temperatures on a repetitive or unlikely
 window, and walks audio of any length in 30 s windows that restart at the last timestamp.
 """
 
