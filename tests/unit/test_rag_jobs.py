@@ -171,3 +171,24 @@ def test_added_again_while_embedded_the_latest_request_wins(env: tuple[RagStore,
     rag.process(vid, fid)
     f = rag.vs_file(vid, fid)
     assert f["status"] == "completed" and f["attributes"] == {"v": "second"}
+
+
+def test_store_deleted_during_embedding_ends_the_job_quietly(env: tuple[RagStore, str, Hooked],
+                                                            caplog: pytest.LogCaptureFixture) -> None:
+    """The vector store is deleted while its file is embedded (its connection closed under the job):
+    the job ends with nothing written and no error logged (it was "Cannot operate on a closed
+    database", logged as a failure, in the one-hour soak), and the server goes on."""
+    rag, vid, emb = env
+    fid = _file(rag, "a.txt")
+    rag.enqueue_file(vid, fid, attributes=None, max_tokens=64, overlap=8)
+    emb.hook = lambda: rag.delete_store(vid)
+    rag.process(vid, fid)
+    emb.hook = None
+    assert [r for r in caplog.records if r.levelname == "ERROR"] == []
+    with pytest.raises(NotFound):
+        rag.vector_store(vid)
+    assert rag.pending() == []
+    other = rag.create_store("u", None, "bow")["id"]   # and the index still works
+    rag.enqueue_file(other, fid, attributes=None, max_tokens=64, overlap=8)
+    rag.process(other, fid)
+    assert rag.vs_file(other, fid)["status"] == "completed"

@@ -110,12 +110,21 @@ class JobsMixin:
         except InvalidRequest as exc:
             self._fail(vid, fid, "invalid_file", exc.message)
         except Exception as exc:  # recorded on the file, for the client to read
+            if self._gone(vid):   # the store was deleted meanwhile (its connection closed under us): its rows went with it
+                return
             if disk_full(exc):
                 log.error("processing %s in %s: the disk is full", fid, vid)
                 self._fail(vid, fid, "server_error", f"the disk is full; nothing of this file was stored ({exc})")
                 return
             log.exception("processing %s in %s failed", fid, vid)
             self._fail(vid, fid, "server_error", f"{type(exc).__name__}: {exc}")
+
+    def _gone(self, vid: str) -> bool:
+        try:
+            self._row(vid)
+        except NotFound:
+            return True
+        return False
 
     def _fail(self, vid: str, fid: str, code: str, message: str) -> None:
         with contextlib.suppress(NotFound):
