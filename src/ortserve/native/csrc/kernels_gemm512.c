@@ -7,8 +7,8 @@
  * the block's scales per row. The panel is made once per 16 weight rows and every activation row of
  * the call passes over it: a tile of up to 8 activation rows by the 16 weight rows keeps its 8 x 16
  * sums in registers, and each vpdpbusd multiplies one 64-byte load of weights by four activation
- * bytes broadcast from memory. No copy of the weights outlives the call; the file's blocks stay the
- * only one (decode, M = 1, reads them directly as before).
+ * bytes broadcast from memory. The panel is scratch, reused by the thread's next panel: no copy of
+ * the weight is kept, the file's blocks stay the only one (decode, M = 1, reads them as before).
  *
  * The integers are the ones the other paths compute (kernels_scalar.c is the definition): per block,
  * sum over sub-blocks of scale x (sum of q' a) in int32, the offset or minimum terms as there, and
