@@ -34,3 +34,17 @@ def test_save_then_load_moves_exactly_the_prefix() -> None:
         np.testing.assert_array_equal(dev.row(i, 2)[:, :4], data[i, 1, :, :4])
         np.testing.assert_array_equal(host.row(i, 1)[:, :10], data[i, 1])  # the source row is untouched
         np.testing.assert_array_equal(dev.row(i, 1)[:, :10], data[i, 1])
+
+
+def test_a_host_block_is_one_allocation() -> None:
+    """A saved entry is views of one array (one allocation to free at eviction, not 2 x layers small
+    ones fragmenting the heap), holding exactly the row's prefix, not a view of the live cache."""
+    data = np.random.default_rng(2).standard_normal((4, 2, 2, 8, 4)).astype(np.float32)
+    kv = HostKV(4, np.float32)
+    filled(kv, data)
+    block = kv.save(0, 5)
+    assert len({b.base is not None and id(b.base) for b in block}) == 1 and block[0].base is not None
+    assert block[0].base.nbytes == 4 * 2 * 5 * 4 * 4
+    kv.bufs[0][:] = 0   # the live cache moves on
+    for i, b in enumerate(block):
+        np.testing.assert_array_equal(b, data[i, 0, :, :5])

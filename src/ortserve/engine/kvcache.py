@@ -68,8 +68,16 @@ class HostKV:
         return np.array(self.bufs[i][row])
 
     def save(self, row: int, tokens: int) -> list[np.ndarray]:
-        """The first ``tokens`` of ``row`` in every buffer, ``[kv_heads, tokens, head_size]`` each."""
-        return [np.array(buf[row, :, :tokens]) for buf in self.bufs]
+        """The first ``tokens`` of ``row`` in every buffer, ``[kv_heads, tokens, head_size]`` each:
+        views of ONE array. A prefix-cache entry is then a single allocation (past glibc's mmap
+        threshold from ~12 tokens of a small model, so it is unmapped whole at eviction), not 2 x layers
+        small ones that live for minutes among short-lived ones and fragment the arena: the one-hour
+        soak's growth (docs/robustness.md)."""
+        _, h, _, d = self.shape
+        block = np.empty((self.n, h, tokens, d), dtype=self.dtype)
+        for i, buf in enumerate(self.bufs):
+            block[i] = buf[row, :, :tokens]
+        return list(block)
 
     def load(self, block: list[np.ndarray], row: int, tokens: int) -> None:
         for buf, saved in zip(self.bufs, block):
