@@ -33,7 +33,6 @@ import numpy as np
 
 from ortserve.engine.core import EngineCore
 from ortserve.engine.engine import AsyncEngine, LoadedModel
-from ortserve.engine.graph import LOGIT_ROWS
 from ortserve.engine.reasoning import ThinkBudget
 from ortserve.engine.runner import Runner
 from ortserve.engine.runtime import DeviceChoice
@@ -122,19 +121,7 @@ class EmbedsRunner(Runner):
         io.bind_cpu_input("attention_mask", mask.astype(self.mask_dtype, copy=False))
         io.bind_cpu_input("position_ids", np.ascontiguousarray(positions, dtype=self.pos_dtype))
         self.steps += 1
-        if not self.last_logits_only:
-            io.bind_output("logits", "cpu")
-            self.session.run_with_iobinding(io)
-            full = io.get_outputs()[-1].numpy()
-            return full.reshape(-1, full.shape[-1])[picks]
-        io.bind_cpu_input(LOGIT_ROWS, picks.astype(np.int64, copy=False))
-        if out is not None:
-            io.bind_output("logits", "cpu", 0, out.dtype, out.shape, out.ctypes.data)
-            self.session.run_with_iobinding(io)
-            return out[0]
-        io.bind_output("logits", "cpu")
-        self.session.run_with_iobinding(io)
-        return io.get_outputs()[-1].numpy()[0]
+        return self._run_bound(io, picks, out)
 
     def prefill(self, row: int, ids: list[int], *, start: int = 0, total: int | None = None) -> np.ndarray:
         n = len(ids)

@@ -289,6 +289,11 @@ class Runner:
             if positions is None:
                 positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)[:, -input_ids.shape[1]:]
             io.bind_cpu_input("position_ids", positions.astype(self.ids_dtype))
+        return self._run_bound(io, picks, out)
+
+    def _run_bound(self, io: Any, picks: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+        """Run ``io`` (its inputs bound) and return the logits of the flat positions ``picks``;
+        ``_run`` and engine/embeds_runner.py's ``_run_embeds`` share it."""
         if not self.last_logits_only:  # the graph as exported: every position's logits
             io.bind_output("logits", "cpu")
             self.session.run_with_iobinding(io)
