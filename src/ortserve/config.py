@@ -209,6 +209,9 @@ class Settings(BaseSettings):
                                        description="Telemetry directory (default: HOME/telemetry)")
     telemetry_content: bool = Field(False, validation_alias=_env("ORTSERVE_TELEMETRY_CONTENT"),
                                     description="Also record prompt and completion text (off: private)")
+    http_keep_alive: float = Field(65.0, gt=0, validation_alias=_env("ORTSERVE_HTTP_KEEP_ALIVE"),
+                                   description="Seconds an idle HTTP/1.1 connection stays open (uvicorn's "
+                                               "5 s races clients that reuse a connection near that age)")
     log_level: str = Field("info", validation_alias=_env("ORTSERVE_LOG_LEVEL"),
                            description="Log level: debug, info, warning, error")
     crash_at: str | None = Field(None, validation_alias=_env("ORTSERVE_CRASH_AT"),

@@ -56,6 +56,14 @@ def serve(settings: Settings, model_dir: Path, model_id: str | None = None) -> N
     start_heap_trimmer()  # freed heap back to the system under load too (engine/heap.py says why)
     memtrace.install(Path(settings.home).expanduser())  # ORTSERVE_DEBUG_TRACEMALLOC only
     app = create_app(settings, model_dir=model_dir, model_id=model_id)
-    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
-                            timeout_graceful_shutdown=30)
-    DrainingServer(config, app.state.ortserve).run()
+    DrainingServer(uvicorn_config(app, settings), app.state.ortserve).run()
+
+
+def uvicorn_config(app: Any, settings: Settings) -> uvicorn.Config:
+    """uvicorn's settings for ``app``. An idle connection stays open ``http_keep_alive`` seconds
+    (65 by default, as nginx's 75 and longer than the usual 60 s proxy idle timeout): at uvicorn's
+    5 s, a client that reuses a pooled connection as the server's timer fires gets a closed
+    socket (``RemoteProtocolError``/``ReadError``), which the one-hour soak saw 3 times under load
+    (docs/robustness.md). Longer than clients keep idle connections, the client closes first."""
+    return uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
+                          timeout_graceful_shutdown=30, timeout_keep_alive=settings.http_keep_alive)
