@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from ortserve.errors import NotFound
 from ortserve.rag import search as search_mod
 from ortserve.rag.index import RagStore
 
@@ -216,4 +217,24 @@ def test_a_deleted_store_leaves_nothing_behind_in_memory(store: tuple[RagStore, 
     assert vid in rag._stores and vid in rag._dense and vid in rag._touched
     rag.delete_store(vid)
     assert vid not in rag._stores and vid not in rag._dense and vid not in rag._touched
+    assert not list((rag.root / "stores").glob(f"{vid}.sqlite*"))
+
+
+def test_a_store_deleted_during_a_search_is_a_404(store: tuple[RagStore, str], monkeypatch) -> None:
+    """The delete lands between the search's first look and its reads (its connection closed under
+    it): the search answers 'no such vector store' (404), not a closed-database error (500), and
+    nothing re-creates the deleted store's file."""
+    rag, vid = store
+    bm25 = rag._bm25
+
+    def delete_then_read(*args, **kwargs):
+        rag.delete_store(vid)
+        return bm25(*args, **kwargs)
+
+    monkeypatch.setattr(rag, "_bm25", delete_then_read)
+    with pytest.raises(NotFound) as err:
+        rag.search(vid, "fruit", k=1)
+    assert err.value.param == "vector_store_id"
+    with pytest.raises(NotFound):
+        rag._store(vid)   # a late caller that looked before the delete: 404, no new empty store
     assert not list((rag.root / "stores").glob(f"{vid}.sqlite*"))

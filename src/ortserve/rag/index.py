@@ -207,6 +207,7 @@ class RagStore(SearchMixin, JobsMixin):
         with self._lock:
             con = self._stores.get(vid)
             if con is None:
+                self._row(vid)   # deleted since the caller looked: 404, never a new empty file in its place
                 con = connect(self.root / "stores" / f"{vid}.sqlite")
                 con.executescript(STORE_SCHEMA)
                 con.execute("INSERT OR IGNORE INTO meta VALUES ('generation', '0')")

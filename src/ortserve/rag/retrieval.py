@@ -60,6 +60,14 @@ class SearchMixin:
         The query is embedded on a helper thread while FTS5 answers the BM25 half (onnxruntime
         and SQLite both release the GIL), so hybrid costs about max(embed, BM25) + the dense pass.
         """
+        try:
+            return self._search(vid, query, k, filters, mode, score_threshold)
+        except sqlite3.ProgrammingError:   # "Cannot operate on a closed database"
+            self._row(vid)   # the store was deleted under the search (its connection closed): 404
+            raise
+
+    def _search(self, vid: str, query: str, k: int, filters: dict[str, Any] | None, mode: str,
+                score_threshold: float) -> list[dict[str, Any]]:
         self._row(vid)
         if mode not in MODES:
             raise InvalidRequest(f"search mode {mode!r}: use {', '.join(MODES)}", param="search_mode")
