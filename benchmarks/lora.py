@@ -55,6 +55,30 @@ def random_adapters(path: Path, n: int, rank: int) -> list[Adapter]:
     return out
 
 
+def write_peft(adapter: Adapter, out: Path, rank: int) -> Path:
+    """``adapter`` as a PEFT directory (adapter_config.json + adapter_model.safetensors, PEFT's key
+    names and [r, in] / [out, r] layouts, lora_alpha = r so the scale is 1), for
+    ``ortserve models import-adapter``: no torch needed."""
+    import json
+
+    from safetensors.numpy import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    tensors, modules = {}, set()
+    for key, (a, b) in adapter.weights.items():
+        _, layer, module = key.split(".")
+        block = "mlp" if module in ("gate_proj", "up_proj", "down_proj") else "self_attn"
+        stem = f"base_model.model.model.layers.{layer}.{block}.{module}"
+        tensors[f"{stem}.lora_A.weight"] = np.ascontiguousarray(a.T)
+        tensors[f"{stem}.lora_B.weight"] = np.ascontiguousarray(b.T)
+        modules.add(module)
+    save_file(tensors, str(out / "adapter_model.safetensors"))
+    (out / "adapter_config.json").write_text(json.dumps({
+        "peft_type": "LORA", "r": rank, "lora_alpha": rank, "target_modules": sorted(modules),
+        "bias": "none", "task_type": "CAUSAL_LM"}), encoding="utf-8")
+    return out
+
+
 async def streams(engine: AsyncEngine, adapters: list[str], tokens: int) -> dict[str, float]:
     params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
     t0 = time.perf_counter()

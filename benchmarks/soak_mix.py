@@ -13,7 +13,10 @@ The clients, each a loop until the time is up (``--scale`` multiplies the counts
 - embeddings: 1-8 texts per request;
 - files and vector stores: upload a file, create a store with it, wait for ingestion, search it
   (hybrid), then delete the store and the file (churn: nothing may accumulate);
-- Responses with ``store: true``: create, read back, delete.
+- Responses with ``store: true``: create, read back, delete;
+- LoRA rows: streamed chats that name a random rank-8 adapter of the base (``--lora``, on by
+  default: imported into the throw-away home at start), so adapter rows share the batch with the
+  base rows above.
 
 Every response is counted by route and status. An error is any 5xx, any 4xx (every request is
 valid), an error event in a stream, a transport error, or a reply that does not hold what it
@@ -58,6 +61,7 @@ TOOLS = [
                                           "a": {"type": "integer"}, "b": {"type": "integer"}},
                                           "required": ["a", "b"]}}},
 ]
+LORA_ID = "soak-lora"
 WORDS = ["river", "stone", "lantern", "copper", "orchard", "violet", "harbor", "meadow", "falcon", "cedar", "ember", "glacier", "thistle", "quartz", "willow", "saffron", "canyon", "beacon", "marble", "juniper"]
 
 
@@ -209,6 +213,13 @@ class Mix:
                 await self.call(c, "rag", "DELETE", f"/v1/vector_stores/{vs_id}")
             await self.call(c, "rag", "DELETE", f"/v1/files/{file_id}")
 
+    async def lora(self, c: httpx.AsyncClient) -> None:
+        while self.alive():
+            body = {"model": LORA_ID, "messages": [{"role": "user", "content": self.rng.choice(QUESTIONS)}],
+                    "max_tokens": self.tokens(), "temperature": 0.7}
+            if await self.stream(c, "lora", body) is not None:
+                self.done["lora_turns"] += 1
+
     async def responses(self, c: httpx.AsyncClient) -> None:
         while self.alive():
             r = await self.call(c, "responses", "POST", "/v1/responses",
@@ -269,7 +280,8 @@ async def run(url: str, pid: int, args: argparse.Namespace) -> dict[str, Any]:
             await asyncio.sleep(args.sample_every)
 
     n = args.scale
-    plan = {mix.agent: 3 * n, mix.chat: n, mix.cancel: n, mix.tools: n, mix.embed: n, mix.rag: n, mix.responses: n}
+    plan = {mix.agent: 3 * n, mix.chat: n, mix.cancel: n, mix.tools: n, mix.embed: n, mix.rag: n, mix.responses: n,
+            mix.lora: n if args.lora else 0}
     limits = httpx.Limits(max_connections=64, keepalive_expiry=2.0)   # see soak.py: idle closes at 5 s
     async with httpx.AsyncClient(timeout=args.request_timeout, limits=limits) as c:
         await asyncio.gather(sampler(c), *(fn(c) for fn, k in plan.items() for _ in range(k)))
@@ -358,6 +370,8 @@ def main() -> None:
                          "memory: the prefix cache then fills it for as long as the soak runs)")
     ap.add_argument("--seed", type=int, default=45)
     ap.add_argument("--port", type=int, default=8791)
+    ap.add_argument("--lora", action=argparse.BooleanOptionalAction, default=True,
+                    help="a client whose chats name a LoRA adapter of the base (imported at start)")
     ap.add_argument("--plot", type=Path, default=None)
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--summarize", type=Path, default=None, help="only recompute the steady-state figures of a saved run")
@@ -376,6 +390,14 @@ def main() -> None:
     env = {**os.environ, "ORTSERVE_HOME": str(home), "ORTSERVE_LOG_LEVEL": "warning",
            "ORTSERVE_KV_CACHE_MB": str(args.kv_cache_mb)}
     env.pop("ORTSERVE_API_KEY", None)
+    if args.lora:   # the base inside the home, so an adapter imported there is served with it
+        from lora import random_adapters, write_peft
+
+        shutil.copytree(path, home / "models" / path.name)
+        path = home / "models" / path.name
+        peft = write_peft(random_adapters(path, 1, 8)[0], home / "peft-src", 8)
+        subprocess.run([sys.executable, "-m", "ortserve.cli.main", "models", "import-adapter", str(peft),
+                        "--base", model_id, "--id", LORA_ID], env=env, check=True)
     server = subprocess.Popen([sys.executable, "-m", "ortserve.cli.main", "serve", "--model", str(path),
                                "--port", str(args.port)], env=env)
     url = f"http://127.0.0.1:{args.port}"
