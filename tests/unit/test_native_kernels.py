@@ -156,10 +156,11 @@ def test_matmul_equals_reference(lib: ctypes.CDLL, isa: str, t: int, m: int) -> 
 
 
 @pytest.mark.parametrize("t", TYPES, ids=lambda t: ref.NAMES[t])
-@pytest.mark.parametrize("m", [9, 17, 35])
+@pytest.mark.parametrize("m", [9, 17, 35, 67])
 def test_many_rows_equal_reference(lib: ctypes.CDLL, isa: str, t: int, m: int) -> None:
-    """More than 8 activation rows (AVX-512: the packed gemm; Q6_K from 32): tiles of 8 rows and a
-    remainder, a row range that starts and ends inside a panel of 16 weight rows, ldy wider than N."""
+    """More than 8 activation rows (the packed gemms: AVX-512, tiles of 8 rows, Q6_K from 32; AVX2,
+    tiles of 4 rows by half a panel): tiles and a remainder, a row range that starts and ends inside a
+    panel of 16 weight rows (and inside its halves), ldy wider than N."""
     rng = np.random.default_rng(3000 * t + m)
     k, n, n0, n1 = shape(t), 41, 3, 38
     w = random_weights(t, n, k, rng)
@@ -171,6 +172,29 @@ def test_many_rows_equal_reference(lib: ctypes.CDLL, isa: str, t: int, m: int) -
     err = np.abs(y[:, n0:n1] - want[:, n0:n1])
     assert np.all(err <= 1e-6 * scale[:, n0:n1]), (err / scale[:, n0:n1]).max()
     assert np.isnan(y[:, :n0]).all() and np.isnan(y[:, n1:]).all()
+
+
+# a byte that makes every weight the largest in magnitude its type has (Q8_0: -128, IQ4_NL: -127)
+EXTREME = {ref.Q8_0: 0x80, ref.IQ4_NL: 0x00}
+
+
+@pytest.mark.parametrize("t", TYPES, ids=lambda t: ref.NAMES[t])
+def test_many_rows_at_the_saturation_bounds(lib: ctypes.CDLL, isa: str, t: int) -> None:
+    """The largest weights times activations of 127 (every value of a row equal, of either sign): the
+    int16 pairs (AVX2's vpmaddubsw, and the lines the AVX2 gemm adds as int16) must not saturate."""
+    rng = np.random.default_rng(77 + t)
+    k, n, m = shape(t), 19, 12
+    w = np.full((n, k // ref.BLOCK[t][0], ref.BLOCK[t][1]), EXTREME.get(t, 0xFF), np.uint8)
+    for off in F16_FIELDS[t]:
+        w[..., off:off + 2] = np.float16(0.01).reshape(1).view(np.uint8)
+    w = w.reshape(n, -1)
+    x = np.where(np.arange(m)[:, None] % 2 == 0, 1.0, -1.0) * np.ones((m, k), np.float32)
+    x[3] = rng.choice([-3.0, 3.0], size=k)                 # mixed signs, all |q| = 127
+    xq = c_quantize(lib, t, x.astype(np.float32))
+    y = np.full((m, n), np.nan, np.float32)
+    lib.osg_matmul_rows(t, k, _ptr(w), _ptr(xq), m, _ptr(y), n, 0, n)
+    want, scale = ref.matmul(t, w, x.astype(np.float32))
+    assert np.all(np.abs(y - want) <= 1e-6 * scale), (np.abs(y - want) / scale).max()
 
 
 @pytest.mark.parametrize("t", [ref.Q4_1, ref.Q6_K], ids=lambda t: ref.NAMES[t])

@@ -273,6 +273,7 @@ static void init_tables(void) {
             have = ISA_AVX512;
             osg_fill_gemm512(&g_table[2]);
         }
+        osg_fill_gemm_avx2(&g_table[1]); /* after the copy: the AVX-512 level keeps its own gemm */
     }
     int level = have, want = isa_by_name(getenv("ORTSERVE_NATIVE_ISA"));
     if (want >= 0 && want < level) level = want;
@@ -310,7 +311,7 @@ void osg_quantize_act(int t, const float *x, void *xq, int64_t k) {
 }
 
 /* More than OSG_GEMM_MIN_M activation rows go to the level's gemm when it has one (AVX-512 VNNI:
- * kernels_gemm512.c). Otherwise the weight is taken in chunks that stay in L2 (256 KB); each tile of 4 activation rows (in L1)
+ * kernels_gemm512.c; AVX2: kernels_gemm_avx2.c). Otherwise the weight is taken in chunks that stay in L2 (256 KB); each tile of 4 activation rows (in L1)
  * passes over the chunk, and each weight block is unpacked once per tile. Every weight byte is read
  * from memory once per call, whatever m is. */
 void osg_matmul_rows(int t, int64_t k, const void *w, const void *xq, int64_t m_rows, float *y,

@@ -124,5 +124,9 @@ typedef struct {
 /* nc <= OSG_NR weight rows (rb bytes apart, from w) into nb panel blocks; rows past nc are zero.
  * next_nc: rows of the next panel (from w + OSG_NR * rb) to prefetch the first blocks of, or 0. */
 void osg_pack512(int t, const uint8_t *w, size_t rb, int64_t nb, int nc, int next_nc, void *panel);
+/* kernels_pack_avx2.c: the same panels without gathers, for kernels_gemm_avx2.c (Q8_0 and IQ4_NL
+ * kept signed, m = 0: the AVX2 tile takes them by the sign trick) */
+void osg_pack_avx2(int t, const uint8_t *w, size_t rb, int64_t nb, int nc, void *panel);
+int osg_fill_gemm_avx2(osg_kernels *k); /* kernels_gemm_avx2.c: the AVX2 many-row path */
 
 #endif
