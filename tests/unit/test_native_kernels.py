@@ -183,7 +183,7 @@ def test_many_rows_at_the_saturation_bounds(lib: ctypes.CDLL, isa: str, t: int) 
     """The largest weights times activations of 127 (every value of a row equal, of either sign): the
     int16 pairs (AVX2's vpmaddubsw, and the lines the AVX2 gemm adds as int16) must not saturate."""
     rng = np.random.default_rng(77 + t)
-    k, n, m = shape(t), 19, 12
+    k, n, m = shape(t), 19, 21
     w = np.full((n, k // ref.BLOCK[t][0], ref.BLOCK[t][1]), EXTREME.get(t, 0xFF), np.uint8)
     for off in F16_FIELDS[t]:
         w[..., off:off + 2] = np.float16(0.01).reshape(1).view(np.uint8)
