@@ -159,31 +159,12 @@ AVX2_INLINE void rows32(int kind, int64_t nb, const uint8_t *w, const uint8_t *a
     _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) out[r * ostride] = hsum_ps(acc[r]) + tail[r];
 }
 
-#define FAMILY32(name, kind)                                                                          \
-    AVX2 static float dot_##name(int64_t nb, const void *w, const void *a) {                          \
-        float o;                                                                                      \
-        rows32(kind, nb, (const uint8_t *)w, (const uint8_t *)a, 0, 1, &o, 0);                        \
-        return o;                                                                                     \
-    }                                                                                                 \
-    AVX2 static void multi_##name(int64_t nb, const void *w, const void *a, size_t as, int64_t m,      \
-                                  float *out, int64_t os) {                                           \
-        const uint8_t *ap = (const uint8_t *)a;                                                       \
-        int64_t r = 0;                                                                                \
-        for (; r + RMAX <= m; r += RMAX)                                                              \
-            rows32(kind, nb, (const uint8_t *)w, ap + r * as, as, RMAX, out + r * os, os);            \
-        switch (m - r) {                                                                           \
-        case 3: rows32(kind, nb, (const uint8_t *)w, ap + r * as, as, 3, out + r * os, os); break;        \
-        case 2: rows32(kind, nb, (const uint8_t *)w, ap + r * as, as, 2, out + r * os, os); break;        \
-        case 1: rows32(kind, nb, (const uint8_t *)w, ap + r * as, as, 1, out + r * os, os); break;        \
-        } \
-    }
-
-FAMILY32(q4_0, 0)
-FAMILY32(q4_1, 1)
-FAMILY32(q5_0, 2)
-FAMILY32(q5_1, 3)
-FAMILY32(q8_0, 4)
-FAMILY32(iq4_nl, 5)
+AVX2_FAMILY(q4_0, rows32, 0)
+AVX2_FAMILY(q4_1, rows32, 1)
+AVX2_FAMILY(q5_0, rows32, 2)
+AVX2_FAMILY(q5_1, rows32, 3)
+AVX2_FAMILY(q8_0, rows32, 4)
+AVX2_FAMILY(iq4_nl, rows32, 5)
 
 int osg_fill_avx2(osg_kernels *k) {
     __builtin_cpu_init();

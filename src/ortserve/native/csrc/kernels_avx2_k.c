@@ -154,29 +154,10 @@ AVX2_INLINE void rows_k(int t, int64_t nb, const uint8_t *w, const uint8_t *a, s
     else rows_q45k(t == OSG_Q5_K, nb, w, a, as, R, out, os);
 }
 
-#define FAMILYK(name, t)                                                                              \
-    AVX2 static float dot_##name(int64_t nb, const void *w, const void *a) {                          \
-        float o;                                                                                      \
-        rows_k(t, nb, (const uint8_t *)w, (const uint8_t *)a, 0, 1, &o, 0);                           \
-        return o;                                                                                     \
-    }                                                                                                 \
-    AVX2 static void multi_##name(int64_t nb, const void *w, const void *a, size_t as, int64_t m,      \
-                                  float *out, int64_t os) {                                           \
-        const uint8_t *ap = (const uint8_t *)a;                                                       \
-        int64_t r = 0;                                                                                \
-        for (; r + RMAX <= m; r += RMAX)                                                              \
-            rows_k(t, nb, (const uint8_t *)w, ap + r * as, as, RMAX, out + r * os, os);               \
-        switch (m - r) {                                                                           \
-        case 3: rows_k(t, nb, (const uint8_t *)w, ap + r * as, as, 3, out + r * os, os); break;        \
-        case 2: rows_k(t, nb, (const uint8_t *)w, ap + r * as, as, 2, out + r * os, os); break;        \
-        case 1: rows_k(t, nb, (const uint8_t *)w, ap + r * as, as, 1, out + r * os, os); break;        \
-        }   \
-    }
-
-FAMILYK(q4_k, OSG_Q4_K)
-FAMILYK(q5_k, OSG_Q5_K)
-FAMILYK(q6_k, OSG_Q6_K)
-FAMILYK(iq4_xs, OSG_IQ4_XS)
+AVX2_FAMILY(q4_k, rows_k, OSG_Q4_K)
+AVX2_FAMILY(q5_k, rows_k, OSG_Q5_K)
+AVX2_FAMILY(q6_k, rows_k, OSG_Q6_K)
+AVX2_FAMILY(iq4_xs, rows_k, OSG_IQ4_XS)
 
 void osg_fill_avx2_k(osg_kernels *k) {
     k->dot[OSG_Q4_K] = dot_q4_k; k->multi[OSG_Q4_K] = multi_q4_k;
