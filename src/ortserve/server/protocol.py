@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, 
 
 from ortserve.engine.reasoning import effort_budget
 from ortserve.errors import InvalidRequest
+from ortserve.server.published import KEEP_ALIVE, SAMPLING
 from ortserve.types import SAMPLING_DEFAULT_FIELDS, SamplingDefaults, SamplingParams
 
 # OpenAI fields with no local meaning: accepted, dropped, listed in docs/api-fields.md.
@@ -153,26 +154,29 @@ def _check_messages(data: Any) -> Any:
 
 class _Sampling(_Contract):
     model: str | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    typical_p: float | None = None
-    logit_bias: dict[str, float] | None = None
-    max_tokens: int | None = None
-    min_tokens: int | None = None
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    repetition_penalty: float | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    keep_alive: float | str | None = None  # seconds or "5m"; 0 = unload after, -1 = keep (server/manager.py)
-    timeout: float | None = Field(None, description="ortserve extension: this request's deadline in "
-                                  "seconds, queue time included (default: the server's `timeout`)")
+    temperature: float | None = Field(None, json_schema_extra=SAMPLING["temperature"])
+    top_p: float | None = Field(None, json_schema_extra=SAMPLING["top_p"])
+    top_k: int | None = Field(None, json_schema_extra=SAMPLING["top_k"])
+    min_p: float | None = Field(None, json_schema_extra=SAMPLING["min_p"])
+    typical_p: float | None = Field(None, json_schema_extra=SAMPLING["typical_p"])
+    logit_bias: dict[str, float] | None = Field(None, json_schema_extra=SAMPLING["logit_bias"])
+    max_tokens: int | None = Field(None, json_schema_extra=SAMPLING["max_tokens"])
+    min_tokens: int | None = Field(None, json_schema_extra=SAMPLING["min_tokens"])
+    seed: int | None = Field(None, json_schema_extra=SAMPLING["seed"])
+    stop: str | list[str] | None = Field(None, json_schema_extra=SAMPLING["stop"])
+    repetition_penalty: float | None = Field(None, json_schema_extra=SAMPLING["repetition_penalty"])
+    presence_penalty: float | None = Field(None, json_schema_extra=SAMPLING["presence_penalty"])
+    frequency_penalty: float | None = Field(None, json_schema_extra=SAMPLING["frequency_penalty"])
+    # seconds or "5m"; 0 = unload after, -1 = keep (server/manager.py)
+    keep_alive: float | str | None = Field(None, json_schema_extra=KEEP_ALIVE)
+    # not published as > 0 (it is checked so): the fuzzer's smallest positive deadline is a 504 by design
+    timeout: float | None = Field(None, description="ortserve extension: this request's deadline in seconds, "
+                                  "queue time included (default: the server's `timeout`)")
     speculative: StrictBool | None = Field(None, description="ortserve extension: false turns prompt-lookup "
                                            "speculation off for this request (docs/speculative.md)")
-    lora_scale: float | None = Field(None, strict=True, description="ortserve extension (llama-server's per-request "
-                                     "LoRA scale): the adapter's scale on alpha/r, -10..10 (docs/lora.md)")
+    lora_scale: float | None = Field(None, strict=True, json_schema_extra=SAMPLING["lora_scale"],
+                                     description="ortserve extension (llama-server's per-request LoRA scale): "
+                                     "the adapter's scale on alpha/r, -10..10 (docs/lora.md)")
 
     REFUSED: ClassVar[dict[str, str]] = OPENAI_REFUSED
 
@@ -191,6 +195,8 @@ class _Sampling(_Contract):
         defaulted = mt is None
         if mt is None:
             mt = default_max_tokens
+        if mt > max_tokens_cap and max_tokens is None and "max_tokens" not in self.model_fields_set:
+            mt = max_tokens_cap  # a model default (completions' 16) the client did not send: never a 400
         if mt > max_tokens_cap:
             raise InvalidRequest(f"'max_tokens' is {mt}, above this server's cap of {max_tokens_cap}",
                                  param="max_tokens")
@@ -348,7 +354,9 @@ class ChatCompletionRequest(_Sampling):
 
 
 class CompletionRequest(_Sampling):
-    prompt: str | list[str]
+    # published non-empty: a prompt that tokenizes to nothing is a 400 (engine.prepare; "" on a model without BOS)
+    prompt: str | list[str] = Field(json_schema_extra={"anyOf": [
+        {"type": "string", "minLength": 1}, {"type": "array", "items": {"type": "string", "minLength": 1}}]})
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = Field(1, ge=1, le=16)
@@ -356,7 +364,7 @@ class CompletionRequest(_Sampling):
     echo: bool = False
     logprobs: int | None = Field(None, ge=0, le=5)
     suffix: str | None = None  # fill-in-the-middle: the code after the gap (server/fim.py, docs/tokenize_fim.md)
-    max_tokens: int | None = 16  # OpenAI's default for completions
+    max_tokens: int | None = Field(16, json_schema_extra=SAMPLING["max_tokens"])  # OpenAI's default for completions
     response_format: dict[str, Any] | None = None
     IGNORED: ClassVar[frozenset[str]] = OPENAI_IGNORED
 

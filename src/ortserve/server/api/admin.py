@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ortserve.errors import InvalidRequest, Unavailable
 from ortserve.server.manager import ModelManager, parse_keep_alive
+from ortserve.server.published import KEEP_ALIVE
 from ortserve.server.state import state_of
 
 router = APIRouter()
@@ -22,7 +23,7 @@ router = APIRouter()
 class LoadRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     model: str = Field(min_length=1)
-    keep_alive: float | str | None = None
+    keep_alive: float | str | None = Field(None, json_schema_extra=KEEP_ALIVE)
 
     @field_validator("keep_alive")
     @classmethod

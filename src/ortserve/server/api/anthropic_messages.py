@@ -34,6 +34,7 @@ from ortserve.server.conversation import (
 )
 from ortserve.server.hosted_tools import Hosted, is_anthropic_server_tool, note_dropped
 from ortserve.server.protocol import _Contract
+from ortserve.server.published import ANTHROPIC
 from ortserve.server.sse import SSE_HEADERS, EventStream, sse_event
 from ortserve.server.state import ServerState, state_of
 from ortserve.telemetry import span_of
@@ -58,36 +59,37 @@ def is_messages_path(path: str) -> bool:
 
 
 class MessagesRequest(_Contract):
-    model: str
+    model: str = Field(json_schema_extra=ANTHROPIC["model"])
     max_tokens: int = Field(ge=1)
-    messages: list[dict[str, Any]] = Field(min_length=1)
-    system: str | list[dict[str, Any]] | None = None
-    stop_sequences: list[str] | None = None
+    messages: list[dict[str, Any]] = Field(min_length=1, json_schema_extra=ANTHROPIC["messages"])
+    system: str | list[dict[str, Any]] | None = Field(None, json_schema_extra=ANTHROPIC["system"])
+    stop_sequences: list[str] | None = Field(None, json_schema_extra=ANTHROPIC["stop_sequences"])
     stream: bool = False
     temperature: float | None = Field(None, ge=0, le=1)
-    top_p: float | None = None
-    top_k: int | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: dict[str, Any] | None = None
+    top_p: float | None = Field(None, json_schema_extra=ANTHROPIC["top_p"])
+    top_k: int | None = Field(None, json_schema_extra=ANTHROPIC["top_k"])
+    tools: list[dict[str, Any]] | None = Field(None, json_schema_extra=ANTHROPIC["tools"])
+    tool_choice: dict[str, Any] | None = Field(None, json_schema_extra=ANTHROPIC["tool_choice"])
     metadata: dict[str, Any] | None = None   # user_id: for abuse tracking at Anthropic; no local meaning
-    thinking: dict[str, Any] | None = None
+    thinking: dict[str, Any] | None = Field(None, json_schema_extra=ANTHROPIC["thinking"])
     # clear_thinking edits only: there is no thinking to clear (Claude Code sends one)
     context_management: dict[str, Any] | None = None
     # effort: a thinking model's reasoning bound when it thinks (docs/reasoning.md); format: JSON output
-    output_config: dict[str, Any] | None = None
-    lora_scale: float | None = Field(None, strict=True)  # ortserve extension: a LoRA adapter's scale (docs/lora.md)
+    output_config: dict[str, Any] | None = Field(None, json_schema_extra=ANTHROPIC["output_config"])
+    # ortserve extension: a LoRA adapter's scale (docs/lora.md)
+    lora_scale: float | None = Field(None, strict=True, json_schema_extra=ANTHROPIC["lora_scale"])
     IGNORED: ClassVar[frozenset[str]] = frozenset({"service_tier"})
     REFUSED: ClassVar[dict[str, str]] = {"container": "code execution containers are not supported",
                                          "mcp_servers": "MCP servers are not supported"}
 
 
 class CountRequest(_Contract):
-    model: str
-    messages: list[dict[str, Any]] = Field(min_length=1)
-    system: str | list[dict[str, Any]] | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: dict[str, Any] | None = None
-    thinking: dict[str, Any] | None = None
+    model: str = Field(json_schema_extra=ANTHROPIC["model"])
+    messages: list[dict[str, Any]] = Field(min_length=1, json_schema_extra=ANTHROPIC["messages"])
+    system: str | list[dict[str, Any]] | None = Field(None, json_schema_extra=ANTHROPIC["system"])
+    tools: list[dict[str, Any]] | None = Field(None, json_schema_extra=ANTHROPIC["tools"])
+    tool_choice: dict[str, Any] | None = Field(None, json_schema_extra=ANTHROPIC["tool_choice"])
+    thinking: dict[str, Any] | None = Field(None, json_schema_extra=ANTHROPIC["thinking"])
 
 
 def _text(blocks: Any, where: str) -> str:

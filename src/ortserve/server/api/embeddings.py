@@ -12,6 +12,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ortserve.errors import InvalidRequest
+from ortserve.server import published
 from ortserve.server.state import ServerState, state_of
 
 router = APIRouter()
@@ -20,7 +21,7 @@ MAX_INPUTS = 2048
 
 class EmbeddingRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    input: str | list[str] | list[int] | list[list[int]]
+    input: str | list[str] | list[int] | list[list[int]] = Field(json_schema_extra=published.embed_input(MAX_INPUTS))
     model: str | None = None
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(None, ge=1)

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from ortserve.engine.reasoning import effort_budget
 from ortserve.errors import InvalidRequest, OrtServeError
+from ortserve.server import published
 from ortserve.server.protocol import _Contract, _refuse
 from ortserve.server.slots import parse_keep_alive
 from ortserve.types import Metrics
@@ -84,16 +85,17 @@ class Options(BaseModel):
     """``options``: the sampling fields ortserve has (unknown keys are a 400 naming them)."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-    temperature: float | None = Field(None, ge=0)
+    temperature: float | None = Field(None, ge=0, json_schema_extra=published.SAMPLING["temperature"])
     top_p: float | None = Field(None, ge=0, le=1)
     top_k: int | None = Field(None, ge=0)
     min_p: float | None = Field(None, ge=0, le=1)
     typical_p: float | None = Field(None, gt=0, le=1)
-    seed: int | None = None
+    seed: int | None = Field(None, json_schema_extra=published.SAMPLING["seed"])
     num_predict: int | None = Field(None, ge=-2, description="-1: until the model stops (the server's cap); "
                                     "-2: fill the context")
-    stop: list[str] | str | None = None
-    repeat_penalty: float | None = Field(None, gt=0, description="over the whole context (repeat_last_n -1)")
+    stop: list[str] | str | None = Field(None, json_schema_extra=published.SAMPLING["stop"])
+    repeat_penalty: float | None = Field(None, gt=0, json_schema_extra={"maximum": 10},
+                                         description="over the whole context (repeat_last_n -1)")
     repeat_last_n: Literal[-1] | None = Field(None, description="-1 only: the penalty covers the whole context")
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
@@ -157,10 +159,11 @@ class _Generating(_Contract):
     format: str | dict[str, Any] | None = Field(None, description='"json", or a JSON schema')
     options: Options | None = None
     stream: bool = True
-    keep_alive: float | str | None = Field(None, description='seconds or "5m"; 0 unloads after, -1 keeps')
+    keep_alive: float | str | None = Field(None, description='seconds or "5m"; 0 unloads after, -1 keeps',
+                                           json_schema_extra=published.KEEP_ALIVE)
     think: bool | Literal["high", "medium", "low"] | None = None
-    logprobs: bool | None = None
-    top_logprobs: int | None = None
+    logprobs: bool | None = Field(None, json_schema_extra={"enum": [False, None]})  # true: a 400 (_no_logprobs)
+    top_logprobs: int | None = Field(None, json_schema_extra={"type": "null"})  # refused unless null
     REFUSED: ClassVar[dict[str, str]] = {"top_logprobs": "logprobs are served on /v1/chat/completions"}
 
     _keep_alive = field_validator("keep_alive")(_keep)
@@ -299,6 +302,7 @@ class GenerateRequest(_Generating):
 class _Named(_Contract):
     """A body naming a model as ``model`` (or ``name``, Ollama's older field)."""
 
+    model_config = ConfigDict(json_schema_extra=published.OLLAMA_NAMED)
     model: str | None = Field(None, min_length=1)
     name: str | None = Field(None, min_length=1)
 
@@ -312,10 +316,12 @@ class _Named(_Contract):
 class EmbedRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     model: str = Field(min_length=1)
-    input: str | list[str] = Field(description="one text or several (at most 2048)")
+    input: str | list[str] = Field(description="one text or several (at most 2048)",
+                                   json_schema_extra=published.OLLAMA_INPUT)
     truncate: bool = True
-    options: Options | None = Field(None, description="none apply to embeddings; a key is a 400")
-    keep_alive: float | str | None = None
+    options: Options | None = Field(None, description="none apply to embeddings; a key is a 400",
+                                    json_schema_extra=published.NO_OPTIONS)
+    keep_alive: float | str | None = Field(None, json_schema_extra=published.KEEP_ALIVE)
     dimensions: int | None = Field(None, ge=1)
     _keep_alive = field_validator("keep_alive")(_keep)
 
@@ -323,9 +329,10 @@ class EmbedRequest(BaseModel):
 class EmbeddingsRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     model: str = Field(min_length=1)
-    prompt: str = Field(min_length=1)
-    options: Options | None = Field(None, description="none apply to embeddings; a key is a 400")
-    keep_alive: float | str | None = None
+    prompt: str = Field(min_length=1, json_schema_extra=published.text())
+    options: Options | None = Field(None, description="none apply to embeddings; a key is a 400",
+                                    json_schema_extra=published.NO_OPTIONS)
+    keep_alive: float | str | None = Field(None, json_schema_extra=published.KEEP_ALIVE)
     _keep_alive = field_validator("keep_alive")(_keep)
 
 
@@ -336,7 +343,7 @@ class ShowRequest(_Named):
 class CopyRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     source: str = Field(min_length=1)
-    destination: str = Field(min_length=1)
+    destination: str = Field(min_length=1, json_schema_extra=published.NEW_NAME)
 
 
 class DeleteRequest(_Named):
@@ -349,7 +356,8 @@ class PullRequest(_Named):
 
 
 class CreateRequest(_Named):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, populate_by_name=True,
+                              json_schema_extra=published.OLLAMA_CREATE)
     from_: str | None = Field(None, alias="from", min_length=1,
                               description="a local .gguf file, a Hugging Face or ONNX GenAI directory, or a model")
     stream: bool = True

@@ -18,6 +18,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from ortserve.errors import InvalidRequest, OrtServeError
+from ortserve.server import published
 from ortserve.server.reranking import MAX_DOCUMENTS, rerank
 from ortserve.server.state import state_of
 
@@ -26,15 +27,15 @@ PATHS = ("/v1/rerank", "/rerank", "/v2/rerank")
 
 
 class RerankRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra=published.RERANK_DOCUMENTS)
     model: str | None = None
-    query: str
+    query: str = Field(json_schema_extra=published.text())
     documents: list[str | dict[str, Any]] = Field(min_length=1, max_length=MAX_DOCUMENTS)
     top_n: int | None = Field(None, ge=1)
     return_documents: bool | None = None
     max_tokens_per_doc: int | None = Field(None, ge=1)
     rank_fields: list[str] | None = Field(None, min_length=1)
-    priority: int | None = Field(None, ge=0)
+    priority: int | None = Field(None, ge=0, json_schema_extra={"maximum": 0})  # only 0 (texts() says why)
 
     def texts(self) -> list[str]:
         """Each document's text: a string as is; an object's ``text``, or its ``rank_fields``

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request
-from pydantic import Field, StrictBool, StrictInt
+from pydantic import ConfigDict, Field, StrictBool, StrictInt
 
 from ortserve.errors import InvalidRequest
 from ortserve.server.api.openai_responses import ResponsesRequest, _check_model, history_of, turn_of
@@ -27,6 +27,10 @@ router = APIRouter()
 
 
 class TokenizeRequest(_Contract):
+    # published: 'content' or 'messages', one of them (the route's 400 says so)
+    model_config = ConfigDict(json_schema_extra={"oneOf": [
+        {"required": ["content"], "properties": {"content": {"type": "string"}, "messages": {"type": "null"}}},
+        {"required": ["messages"], "properties": {"messages": {"type": "array"}, "content": {"type": "null"}}}]})
     model: str | None = None
     content: str | None = None
     messages: list[Message] | None = Field(None, min_length=1)  # vLLM's chat form

@@ -11,11 +11,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Literal
 
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from ortserve.errors import InvalidRequest
 from ortserve.rag.ingest import DEFAULT_CHUNK_TOKENS, DEFAULT_OVERLAP_TOKENS
+from ortserve.server import published
 from ortserve.server.pagination import page
 from ortserve.server.rag_access import locked, rag_of
 from ortserve.server.reranking import RERANK_POOL, rerank_hits
@@ -25,6 +26,8 @@ from ortserve.server.tenancy import claimed, mine, own_files, own_store_path
 router = APIRouter(dependencies=[Depends(own_store_path)])   # another key's store: the 404 of a missing one
 POLL_AFTER_MS = 200
 STATUSES = ("in_progress", "completed", "failed", "cancelled")
+# published as the enum it is checked against (the routes' own check keeps its message)
+STATUS_FILTER: Any = Query(None, json_schema_extra={"enum": list(STATUSES)})
 FUSED_RANKERS = ("auto", "default-2024-11-15", "none")
 
 
@@ -35,7 +38,10 @@ class StaticChunking(BaseModel):
 
 
 class ChunkingStrategy(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # published: 'static' needs its sizes (sizes() refuses it without)
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"anyOf": [
+        {"properties": {"type": {"const": "auto"}}},
+        {"required": ["static"], "properties": {"type": {"const": "static"}, "static": {"type": "object"}}}]})
     type: Literal["auto", "static"]
     static: StaticChunking | None = None
 
@@ -71,7 +77,12 @@ class BatchFile(AddFile):
 
 
 class CreateBatch(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # published: exactly one of file_ids and files; with files, no batch-level settings (jobs())
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"anyOf": [
+        {"required": ["file_ids"], "properties": {"file_ids": {"type": "array"}, "files": {"type": "null"}}},
+        {"required": ["files"], "properties": {"files": {"type": "array"}, "file_ids": {"type": "null"},
+                                               "attributes": {"type": "null"},
+                                               "chunking_strategy": {"type": "null"}}}]})
     file_ids: list[str] | None = Field(None, min_length=1, max_length=2000)
     files: list[BatchFile] | None = Field(None, min_length=1, max_length=2000)
     attributes: dict[str, str | float | bool] | None = Field(None, max_length=16)
@@ -108,11 +119,13 @@ class RankingOptions(BaseModel):
 
 class Search(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    query: str | list[str]
+    # a blank query (a list: blank once joined) is a 400 in text(); so is rewrite_query true
+    query: str | list[str] = Field(json_schema_extra={"anyOf": [
+        published.text(), {"type": "array", "items": {"type": "string"}, "contains": published.text()}]})
     filters: dict[str, Any] | None = None
     max_num_results: int = Field(10, ge=1, le=50)
     ranking_options: RankingOptions | None = None
-    rewrite_query: bool = False
+    rewrite_query: bool = Field(False, json_schema_extra={"const": False})
     search_mode: Literal["hybrid", "dense", "bm25"] = "hybrid"   # extension
 
     def text(self) -> str:
@@ -182,7 +195,7 @@ def _paced(response: Response, obj: dict[str, Any]) -> dict[str, Any]:
 
 
 @router.get("/v1/vector_stores/{vs_id}/files")
-async def list_store_files(vs_id: str, request: Request, filter: str | None = None) -> dict[str, Any]:
+async def list_store_files(vs_id: str, request: Request, filter: str | None = STATUS_FILTER) -> dict[str, Any]:
     if filter is not None and filter not in STATUSES:
         raise InvalidRequest(f"unknown status filter {filter!r}", param="filter")
     return page(request, await locked(rag_of(request).vs_files, vs_id, filter), known=("filter",))
@@ -225,7 +238,8 @@ async def cancel_batch(vs_id: str, batch_id: str, request: Request) -> dict[str,
 
 
 @router.get("/v1/vector_stores/{vs_id}/file_batches/{batch_id}/files")
-async def list_batch_files(vs_id: str, batch_id: str, request: Request, filter: str | None = None) -> dict[str, Any]:
+async def list_batch_files(vs_id: str, batch_id: str, request: Request,
+                           filter: str | None = STATUS_FILTER) -> dict[str, Any]:
     if filter is not None and filter not in STATUSES:
         raise InvalidRequest(f"unknown status filter {filter!r}", param="filter")
     return page(request, await locked(rag_of(request).batch_files, vs_id, batch_id, filter), known=("filter",))
