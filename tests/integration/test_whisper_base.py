@@ -25,9 +25,16 @@ def client(whisper_base: Path, tiny_model: Path):
 
 def test_whisper_base_transcribes_espeak_sentences(whisper_base: Path, client: openai.OpenAI,
                                                    tmp_path: Path) -> None:
+    import onnx
     from tests.audio_material import manifest
 
+    from ortserve.models.whisper_import import encoder_note
+
     quality = manifest(whisper_base)["quality"]
+    assert manifest(whisper_base)["notes"]["encoder"] == encoder_note("int8")   # an older import is redone
+    nodes = onnx.load(str(whisper_base / "encoder.onnx"), load_external_data=False).graph.node
+    assert {n.op_type for n in nodes if "/attn/" in n.name} == {"DynamicQuantizeMatMul", "Split", "MultiHeadAttention",
+                                                                "Add", "Reshape", "Transpose"}
     assert quality["wer"] is not None and quality["wer"] <= 0.10     # measured at import, in the manifest
     text = " ".join(phrases())                                         # 12 sentences, ~40 s: two windows
     audio = speech_wav(text, tmp_path / "phrases.wav")
