@@ -207,12 +207,12 @@ class Conversation:
             sampling = _Sampling(model=turn.model, keep_alive=turn.keep_alive, **turn.sampling)
         except ValueError as exc:  # pydantic: a sampling field of the wrong type
             raise InvalidRequest(str(exc).splitlines()[-1]) from exc
-        try:  # images, or a vision model: og's multimodal generator (server/vision.py)
-            vision = await start_vision(st, turn, sampling, span)
+        try:  # images, or a vision model: its batched engine, planned as below (server/vision.py)
+            vision = await start_vision(st, turn, sampling, span, prompt_plan)
         except InvalidRequest as err:
             raise _renamed(err, turn.names) from None
         if vision is not None:
-            return cls(st, vision[0], [vision[1]], None, vision[2], turn, span)  # type: ignore[arg-type]
+            return cls(st, vision[0], vision[1], vision[3], vision[2], turn, span)  # type: ignore[arg-type]
         engine = await st.engine_for(turn.model, sampling.keep_alive)
         if turn.thinking is False and turn.thinking_param and engine.codec.thinks and not engine.codec.thinking_switch:
             raise InvalidRequest(f"{engine.model_id} reasons in every answer: its chat template has no switch to turn "

@@ -15,12 +15,16 @@ engine's own RequestHandle, so every adapter renders them as it renders text ans
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
+from ortserve.engine import RequestHandle
 from ortserve.errors import InvalidRequest
 from ortserve.models.sampling import defaults_for
 from ortserve.models.store import ModelStore, Variant
+from ortserve.providers.structured import ToolPlan, constrain
 from ortserve.server.holder import ModelHolder
 from ortserve.server.vision_engine import VisionEngine
 from ortserve.vision.images import ImageInput, ImageLimits, check_count, from_url
@@ -108,16 +112,17 @@ def route(st: Any, turn: Any) -> tuple[VisionHolder, Variant, list[dict[str, Any
                                  "text only; send images to a vision model (docs/vision.md)", param=params[0],
                                  code="model_not_vision")
         return None
-    if turn.tools or turn.functions or turn.response_format or turn.n != 1 or turn.logprobs is not None:
-        raise InvalidRequest("tools, response_format, n > 1 and logprobs are not served with vision models yet "
-                             "(docs/vision.md)", param="model", code="unsupported_parameter")
     messages, images = flatten(turn.messages, holder.limits)
     return holder, v, messages, images
 
 
-async def start_vision(st: Any, turn: Any, sampling: Any, span: Any) -> tuple[VisionEngine, Any, dict[str, str]] | None:
-    """Run a turn with images (or for a vision model) here: its engine, handle and sampling headers;
-    None where the turn is for a text engine."""
+async def start_vision(st: Any, turn: Any, sampling: Any, span: Any, plan_of: Callable[[Any, Any], Any]
+                       ) -> tuple[VisionEngine, list[RequestHandle], dict[str, str], ToolPlan | None] | None:
+    """Run a turn with images (or for a vision model) here: its engine, the n choices' handles, the
+    sampling headers and the tool plan; None where the turn is for a text engine. ``plan_of`` is the
+    text path's planner (conversation.py prompt_plan: tools in the model's call syntax, the output
+    constraint, the thinking switch); tools and response_format become the same grammar
+    (providers/structured.py constrain), logprobs and n as for a text engine."""
     routed = route(st, turn)
     if routed is None:
         return None
@@ -132,5 +137,9 @@ async def start_vision(st: Any, turn: Any, sampling: Any, span: Any) -> tuple[Vi
         max_tokens = min(max_tokens, st.settings.max_tokens_cap)
     params = sampling.to_sampling_params(st.settings.default_max_tokens, st.settings.max_tokens_cap, max_tokens,
                                          defaults)
-    handle = await engine.submit(messages, images, params, holder.limits)
-    return engine, handle, sampling.sampling_headers(params, defaults)
+    headers = sampling.sampling_headers(params, defaults)
+    plan, output, thinking, _ = plan_of(engine.engine, turn)
+    params = replace(constrain(engine.engine, params, output, plan, thinking), logprobs=turn.logprobs)
+    handles = await engine.submit_n(messages, images, params, holder.limits, turn.n,
+                                    plan.prompt_tools() if plan else None, thinking)
+    return engine, handles, headers, plan

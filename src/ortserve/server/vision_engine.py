@@ -22,8 +22,10 @@ from typing import Any
 
 from ortserve.engine.embeds_runner import EmbedsEngine, EmbedsModel
 from ortserve.engine.engine import RequestHandle
+from ortserve.engine.formats import Tool
 from ortserve.engine.tokenizer import TextCodec
 from ortserve.errors import InvalidRequest, ModelError
+from ortserve.server.service import submit_n
 from ortserve.types import SamplingParams
 from ortserve.vision import qwen
 from ortserve.vision.features import Encoder
@@ -76,10 +78,12 @@ class VisionEngine:
             threading.Thread(target=self.engine.core.stop, name="vision-close", daemon=True).start()
 
     # ---- requests -----------------------------------------------------------------
-    def prompt_ids(self, messages: list[dict[str, Any]], images: list[ImageInput], limits: ImageLimits) -> list[int]:
+    def prompt_ids(self, messages: list[dict[str, Any]], images: list[ImageInput], limits: ImageLimits,
+                   tools: list[Tool] | None = None, thinking: bool | None = None) -> list[int]:
         """The prompt's token ids with each image's virtual ids in place of its ``<|image_pad|>``
-        (decoding, cutting and encoding each image, or taking its features from the cache)."""
-        ids = self.codec.chat_ids(messages)
+        (decoding, cutting and encoding each image, or taking its features from the cache); the
+        tools are described in the prompt as the chat template does for a text engine."""
+        ids = self.codec.chat_ids(messages, tools=tools, thinking=thinking)
         places = ids.count(self.image_token_id)
         if places != len(images):
             raise InvalidRequest(f"the prompt has {places} image places for {len(images)} images",
@@ -98,9 +102,17 @@ class VisionEngine:
                      limits: ImageLimits) -> RequestHandle:
         """Decode, check and encode the images in a prep thread (400s here, before anything streams),
         then queue the request in the batched engine."""
+        return (await self.submit_n(messages, images, params, limits))[0]
+
+    async def submit_n(self, messages: list[dict[str, Any]], images: list[ImageInput], params: SamplingParams,
+                       limits: ImageLimits, n: int = 1, tools: list[Tool] | None = None,
+                       thinking: bool | None = None) -> list[RequestHandle]:
+        """``submit`` for n choices of one prompt (the images encoded once; the rows after the first
+        take its prompt's KV from the prefix cache), as server/service.py submit_n gives a text engine."""
         if not self.started:
             self.started = True
             self.loop = asyncio.get_running_loop()
             await self.engine.start()
-        ids = await asyncio.get_running_loop().run_in_executor(self.prep, self.prompt_ids, messages, images, limits)
-        return self.engine.submit(prompt_ids=ids, params=params)
+        ids = await asyncio.get_running_loop().run_in_executor(self.prep, self.prompt_ids, messages, images, limits,
+                                                               tools, thinking)
+        return submit_n(self.engine, n, params, prompt_ids=ids)
