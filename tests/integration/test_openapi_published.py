@@ -96,3 +96,15 @@ def test_a_completion_without_max_tokens_takes_the_cap_not_a_400(srv: ServerThre
     assert 1 <= r.json()["usage"]["completion_tokens"] <= 8
     r = httpx.post(f"{srv.url}/v1/completions", json={"prompt": "Once", "max_tokens": 16}, timeout=120)
     assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens", r.text
+
+
+@pytest.mark.parametrize(("path", "field", "bad"), [("/v1/files", "purpose", "fine-tune"),
+                                                    ("/v1/audio/transcriptions", "response_format", "mp4"),
+                                                    ("/v1/audio/translations", "response_format", "mp4")])
+def test_the_multipart_forms_are_published_with_the_values_checked(srv: ServerThread, spec: dict[str, Any], path: str,
+                                                                   field: str, bad: str) -> None:
+    form = spec["paths"][path]["post"]["requestBody"]["content"]["multipart/form-data"]
+    assert "file" in form["schema"]["required"] and form["schema"]["additionalProperties"] is False
+    assert bad not in form["schema"]["properties"][field]["enum"]
+    r = httpx.post(f"{srv.url}{path}", files={"file": ("notes.txt", b"hello")}, data={field: bad}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text

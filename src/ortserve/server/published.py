@@ -143,3 +143,15 @@ OLLAMA_CREATE = {"allOf": [
     {"properties": {n: nullable({"type": "string", **NEW_NAME}) for n in ("model", "name")}}]}
 NO_OPTIONS = nullable({"type": "object", "maxProperties": 0})
 OLLAMA_INPUT = {"anyOf": [text(), {"type": "array", "items": text(), "minItems": 1, "maxItems": 2048}]}
+
+
+def multipart(required: list[str], file_types: str, **props: dict[str, Any]) -> dict[str, Any]:
+    """An ``openapi_extra`` for a route that reads its multipart form itself (no pydantic body):
+    the form's fields as the route checks them (unknown fields are a 400), and the media types its
+    ``file`` may have (``encoding``)."""
+    schema = {"type": "object", "required": required, "additionalProperties": False, "properties": props}
+    form = {"schema": schema, "encoding": {"file": {"contentType": file_types}}}
+    return {"requestBody": {"required": True, "content": {"multipart/form-data": form}}}
+
+
+FILE = {"type": "string", "format": "binary"}

@@ -24,6 +24,7 @@ from ortserve.audio.formats import MEDIA_TYPES, RESPONSE_FORMATS, render
 from ortserve.audio.tokens import LANGUAGES, NAMES
 from ortserve.audio.whisper import Options, Transcript
 from ortserve.errors import InvalidRequest, OrtServeError
+from ortserve.server import published
 from ortserve.server.speech import SpeechHolder, run_in, stream_thread
 from ortserve.server.state import state_of
 
@@ -32,6 +33,16 @@ FIELDS = {"file", "model", "language", "prompt", "response_format", "temperature
           "timestamp_granularities", "stream"}
 TRANSLATION_FIELDS = FIELDS - {"language", "timestamp_granularities[]", "timestamp_granularities"}
 GRANULARITIES = ("segment", "word")
+# the form parse() reads, published (openapi_extra); the audio itself is checked when decoded
+_FORM: dict[str, Any] = {
+    "file": published.FILE, "model": {"type": "string"}, "prompt": {"type": "string"},
+    "response_format": {"enum": list(RESPONSE_FORMATS)}, "temperature": {"type": "number", "minimum": 0, "maximum": 1},
+    "stream": {"enum": ["true", "false"]}}
+_AUDIO = "audio/wav, audio/flac, audio/mpeg"  # decoded by content (audio/decode.py)
+TRANSLATION_FORM = published.multipart(["file"], _AUDIO, **_FORM)
+TRANSCRIPTION_FORM = published.multipart(["file"], _AUDIO, **_FORM, language={"enum": sorted({*LANGUAGES, *NAMES})},
+                                         **{"timestamp_granularities[]": {"type": "array",
+                                                                          "items": {"enum": list(GRANULARITIES)}}})
 
 
 @dataclass
@@ -115,12 +126,12 @@ def _stream(form: Any, fmt: str) -> bool:
     return raw == "true"
 
 
-@router.post("/v1/audio/transcriptions", response_model=None)
+@router.post("/v1/audio/transcriptions", response_model=None, openapi_extra=TRANSCRIPTION_FORM)
 async def transcriptions(request: Request) -> Response:
     return await _serve(request, "transcribe")
 
 
-@router.post("/v1/audio/translations", response_model=None)
+@router.post("/v1/audio/translations", response_model=None, openapi_extra=TRANSLATION_FORM)
 async def translations(request: Request) -> Response:
     return await _serve(request, "translate")
 

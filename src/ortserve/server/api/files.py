@@ -10,6 +10,7 @@ from fastapi.responses import Response
 
 from ortserve.errors import InvalidRequest, PayloadTooLarge
 from ortserve.rag.ingest import safe_filename
+from ortserve.server import published
 from ortserve.server.pagination import page
 from ortserve.server.rag_access import locked, rag_of
 from ortserve.server.state import state_of
@@ -18,9 +19,12 @@ from ortserve.server.tenancy import claimed, mine, own_file_path
 router = APIRouter()
 my_file = [Depends(own_file_path)]   # another key's file answers the 404 of a missing one
 PURPOSES = ("assistants", "user_data")
+# what rag/ingest reads (by the name's extension; a 400 lists them): published as the file's media types
+UPLOAD_TYPES = "text/plain, text/markdown, text/csv, text/html, application/json, application/pdf"
 
 
-@router.post("/v1/files")
+@router.post("/v1/files", openapi_extra=published.multipart(["file", "purpose"], UPLOAD_TYPES, file=published.FILE,
+                                                              purpose={"enum": list(PURPOSES)}))
 async def create_file(request: Request) -> dict[str, Any]:
     st = state_of(request)
     if not request.headers.get("content-type", "").startswith("multipart/form-data"):
