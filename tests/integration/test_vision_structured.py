@@ -113,7 +113,8 @@ def test_tools_on_an_image_through_responses_and_messages(client: openai.OpenAI)
                                     {"type": "input_image", "image_url": data_url(png())}]}])
     calls = [o for o in r.output if o.type == "function_call"]
     assert calls and calls[0].name == "get_weather" and isinstance(json.loads(calls[0].arguments)["city"], str)
-    claude = anthropic.Anthropic(base_url=str(client.base_url).removesuffix("/v1/"), api_key="x", max_retries=0)
+    claude = anthropic.Anthropic(base_url=str(client.base_url).removesuffix("/v1/"), api_key="x", max_retries=0,
+                                 timeout=120)
     msg = claude.messages.create(model=MODEL, max_tokens=60, tool_choice={"type": "any"},
                                  tools=[{"name": fn["name"], "input_schema": fn["parameters"]}],
                                  messages=[{"role": "user", "content": [
@@ -122,3 +123,8 @@ def test_tools_on_an_image_through_responses_and_messages(client: openai.OpenAI)
                                      {"type": "text", "text": "What is in this picture?"}]}])
     uses = [b for b in msg.content if b.type == "tool_use"]
     assert msg.stop_reason == "tool_use" and uses[0].name == "get_weather" and isinstance(uses[0].input["city"], str)
+    # Anthropic clients send a large max_tokens to every model: a ceiling, cut to the context left
+    msg = claude.messages.create(model=MODEL, max_tokens=32000, messages=[{"role": "user", "content": "hi " * 4000}])
+    room = 4096 - msg.usage.input_tokens   # the test model's context
+    assert 0 < room < 100 and 0 < msg.usage.output_tokens <= room
+    assert msg.stop_reason in ("end_turn", "max_tokens")

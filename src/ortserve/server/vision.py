@@ -137,6 +137,8 @@ async def start_vision(st: Any, turn: Any, sampling: Any, span: Any, plan_of: Ca
         max_tokens = min(max_tokens, st.settings.max_tokens_cap)
     params = sampling.to_sampling_params(st.settings.default_max_tokens, st.settings.max_tokens_cap, max_tokens,
                                          defaults)
+    if turn.max_tokens_is_ceiling:   # Anthropic's max_tokens: cut to the room left, as on a text engine
+        params = replace(params, fit_context=True)
     headers = sampling.sampling_headers(params, defaults)
     plan, output, thinking, _ = plan_of(engine.engine, turn)
     params = replace(constrain(engine.engine, params, output, plan, thinking), logprobs=turn.logprobs)
