@@ -92,3 +92,18 @@ def test_negative_seeds_are_distinct_generators() -> None:
     assert make_rng(-1).random() == make_rng(-1).random() != make_rng(1).random()
     assert make_rng(-1).random() == make_rng(2**64 - 1).random()   # the same 64 bits
     assert dataclasses.replace(SamplingParams(logit_bias={"3": 1}), seed=1).logit_bias == ((3, 1),)
+
+
+@pytest.mark.parametrize("kw", [{"repetition_penalty": 5e-324}, {"temperature": 5e-324},
+                                {"temperature": 5e-324, "top_p": 0.5}, {"temperature": 1e-300, "min_p": 0.1},
+                                {"repetition_penalty": 5e-324, "temperature": 5e-324, "top_k": 3}])
+def test_the_extremes_of_the_accepted_ranges_pick_a_token_not_nan(kw: dict) -> None:
+    """Found by Schemathesis once the ranges were published (issue 45): repetition_penalty 5e-324 made
+    a seen positive logit inf, and inf - inf a NaN probability (a 500). Near-zero temperatures and
+    penalties now pick the top token."""
+    logits = np.array([1.0, 5.0, -2.0, 4.0, 0.5] * 300, dtype=np.float32)
+    logits[1] = 6.0
+    params = SamplingParams(**kw)
+    row = apply_penalties(logits.copy(), params, prompt_ids=[1], counts={})
+    assert np.isfinite(row).all()
+    assert sample(row, params, make_rng(0)) == 1

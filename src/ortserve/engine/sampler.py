@@ -11,6 +11,7 @@ import numpy as np
 from ortserve.types import SamplingParams
 
 _CANDIDATES = 1024  # top-p is computed over the most likely tokens first; full sort only if needed
+_BIG = float(np.finfo(np.float32).max)
 
 
 def make_rng(seed: int | None) -> np.random.Generator:
@@ -27,7 +28,9 @@ def apply_penalties(logits: np.ndarray, params: SamplingParams, prompt_ids: list
         seen = np.fromiter(set(prompt_ids) | counts.keys(), dtype=np.int64)
         if seen.size:
             vals = logits[seen]
-            logits[seen] = np.where(vals > 0, vals / params.repetition_penalty, vals * params.repetition_penalty)
+            # clipped: a penalty near 0 (5e-324 is in range) would turn a positive logit into inf, then NaN
+            logits[seen] = np.clip(np.where(vals > 0, vals / params.repetition_penalty,
+                                            vals * params.repetition_penalty), -_BIG, _BIG)
     if counts and (params.presence_penalty or params.frequency_penalty):
         ids = np.fromiter(counts.keys(), dtype=np.int64)
         freq = np.fromiter(counts.values(), dtype=np.float32)
@@ -50,12 +53,12 @@ def sample(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator)
     t = params.temperature
     k = params.top_k if params.top_k and params.top_k < logits.size else 0
     if k == 0 and params.top_p >= 1.0 and params.min_p == 0 and params.typical_p >= 1.0:
-        x = logits.astype(np.float64) / t
-        p = np.exp(x - x.max())
+        x = logits.astype(np.float64)
+        p = np.exp((x - x.max()) / t)  # the max subtracted first: a tiny temperature gives 0s, not inf - inf
         return int(np.searchsorted(np.cumsum(p), rng.random() * p.sum(), side="right").clip(0, x.size - 1))
     idx, total = _candidates(logits, k, params)
-    x = logits[idx].astype(np.float64) / t
-    p = np.exp(x - x[0])             # idx[0] is the most likely token: p[0] == 1
+    x = logits[idx].astype(np.float64)
+    p = np.exp((x - x[0]) / t)       # idx[0] is the most likely token: p[0] == 1
     if total == 0.0:                 # the candidates are the whole distribution (after min_p / top_k)
         total = float(p.sum())
     if params.top_p < 1.0:           # the nucleus, as a share of what min_p and top_k left
@@ -100,13 +103,13 @@ def _candidates(logits: np.ndarray, k: int, params: SamplingParams) -> tuple[np.
     if k:
         idx = np.argpartition(logits, logits.size - k)[-k:]
         return idx[np.argsort(-logits[idx], kind="stable")], 0.0
-    x = logits.astype(np.float64) / params.temperature
+    x, t = logits.astype(np.float64), params.temperature   # order only: the temperature scales the gaps
     top = float(x.max())
-    total = float(np.exp(x - top).sum())
+    total = float(np.exp((x - top) / t).sum())
     if params.top_p < 1.0 and x.size > _CANDIDATES:
         idx = np.argpartition(x, x.size - _CANDIDATES)[-_CANDIDATES:]
         idx = idx[np.argsort(-x[idx], kind="stable")]
-        if np.exp(x[idx] - top).sum() / total >= params.top_p:
+        if np.exp((x[idx] - top) / t).sum() / total >= params.top_p:
             return idx, total
     return np.argsort(-x, kind="stable"), total  # the nucleus is wider than the candidates, or typical_p only
 
