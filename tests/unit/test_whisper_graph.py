@@ -1,8 +1,8 @@
-"""The Whisper encoder's int8 rewrite (models/whisper_graph.py) on a small graph of the builder's
+"""The Whisper encoder's int8 rewrite (models/whisper_graph.py, 7-bit weights) on a small graph of the builder's
 shape and names: a fused ``Attention`` (fp32 QKV weight and bias), the attention's output
 projection and an MLP projection as 8-bit ``MatMulNBits``. After the rewrite the attention's
 projections are int8 GEMMs, the MLP's is as built, ONNX Runtime runs it, and the outputs stay within
-int8's error of the original's."""
+7-bit weights' error of the original's."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from ortserve.models.whisper_graph import dequantize_nbits8, int8_encoder, per_column_int8
+from ortserve.models.whisper_graph import WEIGHT_MAX, dequantize_nbits8, int8_encoder, per_column_int8
 
 D, HEADS, SEQ, BLOCK = 64, 4, 50, 32
 
@@ -52,8 +52,28 @@ def test_int8_encoder_replaces_fp32_projections(tmp_path: Path) -> None:
     assert ops == ["DynamicQuantizeMatMul", "Split", "MultiHeadAttention", "DynamicQuantizeMatMul", "MatMulNBits"]
     after = _run(path, x)
     assert after.shape == before.shape
-    assert np.abs(after - before).max() <= 0.03 * np.abs(before).max()
+    assert np.abs(after - before).max() <= 0.06 * np.abs(before).max()   # 7-bit weights: 0.041 (8-bit: 0.026)
     assert int8_encoder(path) == 0                      # nothing left to rewrite
+
+
+def test_int8_weights_cannot_saturate_vpmaddubsw(tmp_path: Path) -> None:
+    """On AVX2 without VNNI, MLAS's u8 x s8 kernel sums byte products in pairs into int16
+    (vpmaddubsw, saturating). Every weight the rewrite writes must keep 255 * |q| * 2 within int16,
+    so the encoder is right on every CPU whatever the one that imported it (the arithmetic bound,
+    not this machine's kernel)."""
+    rng = np.random.default_rng(2)
+    path = tmp_path / "encoder.onnx"
+    _encoder(path, rng)
+    assert int8_encoder(path) == 2
+    model = onnx.load(str(path))
+    inits = {i.name: i for i in model.graph.initializer}
+    weights = [numpy_helper.to_array(inits[n.input[1]]) for n in model.graph.node if n.op_type == "DynamicQuantizeMatMul"]
+    assert len(weights) == 2
+    for q in weights:
+        assert q.dtype == np.int8
+        worst = int(np.abs(q.astype(np.int64)).max())
+        assert worst == WEIGHT_MAX                      # the range is used, not wasted
+        assert 255 * worst * 2 <= np.iinfo(np.int16).max
 
 
 def test_quantization_round_trips() -> None:
@@ -62,6 +82,7 @@ def test_quantization_round_trips() -> None:
     q, scale = per_column_int8(w)
     assert q.dtype == np.int8 and scale.shape == (48,)
     assert np.abs(q * scale - w).max() <= scale.max() / 2 + 1e-6
+    assert np.abs(q.astype(np.int64)).max() == WEIGHT_MAX <= 64
     blocks = rng.integers(0, 256, size=(48, 2, 32), dtype=np.uint8)
     scales = rng.random((48, 2)).astype(np.float32)
     back = dequantize_nbits8(blocks, scales, 64, 48, 32)

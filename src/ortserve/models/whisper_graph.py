@@ -6,7 +6,13 @@ as MatMuls, as 8-bit ``MatMulNBits``). CTranslate2 runs all of them as int8 GEMM
 machine's CPU (AMD EPYC, AVX-512 VNNI, 2 threads, 1500 x 512 x 2048, CPU ms): fp32 MatMul 34.6,
 MatMulNBits 8-bit (accuracy_level 4) 24.3, ``DynamicQuantizeMatMul`` 9.7 (MLAS's u8 x s8 GEMM).
 So ``int8_encoder`` makes the attention's projections ``DynamicQuantizeMatMul``: the activations
-quantized per tensor as the node runs, the weights per output column (symmetric int8). Each
+quantized per tensor as the node runs (u8), the weights per output column, symmetric and 7-bit
+(int8 storage, |q| <= 63). Why 7 bits: on AVX2 CPUs without VNNI, MLAS's u8 x s8 kernel adds byte
+products in pairs with ``vpmaddubsw``, whose int16 sums saturate once both are large (255 * 127 * 2 >
+32767), silently; with |q| <= 64 a pair is at most 255 * 64 * 2 = 32640. The model folder is the
+same on every CPU, so the weights are safe on all of them. u8 weights with a zero point (MLAS's u8 x
+u8 path, no ``vpmaddubsw``) took 2.3x the CPU of s7 on one 1500 x 512 x 1536 product here, 1.1x on
+the whole encoder; s7 the same as s8 (docs/audio.md). Each
 ``Attention`` becomes the QKV projection (with its bias), a ``Split`` and ``MultiHeadAttention`` on
 the projected Q, K and V; the output and cross-attention K/V ``MatMulNBits`` are dequantized and
 quantized again per column. The MLP's fc1 and fc2 stay ``MatMulNBits``, whose activations are
@@ -22,15 +28,18 @@ from typing import Any
 
 import numpy as np
 
-VERSION = 2          # bump when the rewrite changes: imports made before are redone (whisper_import)
+VERSION = 3          # bump when the rewrite changes: imports made before are redone (whisper_import)
 ATTENTION = ("/attn/",)   # the builder's names of the attention projections (o_proj, cross k/v)
 
 
+WEIGHT_MAX = 63     # |q| of the weights: u8 x s7 pair sums fit vpmaddubsw's int16 (255 * 64 * 2 < 32767)
+
+
 def per_column_int8(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(K, N) fp32 as symmetric int8 with one scale per column (N,)."""
-    scale = np.abs(w).max(axis=0) / 127.0
+    """(K, N) fp32 as symmetric 7-bit integers in int8 (|q| <= WEIGHT_MAX), one scale per column (N,)."""
+    scale = np.abs(w).max(axis=0) / float(WEIGHT_MAX)
     scale[scale == 0] = 1.0
-    q = np.clip(np.rint(w / scale), -127, 127).astype(np.int8)
+    q = np.clip(np.rint(w / scale), -WEIGHT_MAX, WEIGHT_MAX).astype(np.int8)
     return q, scale.astype(np.float32)
 
 
