@@ -121,7 +121,8 @@ ANTHROPIC: dict[str, dict[str, Any]] = {
          "properties": {"type": {"const": "enabled"}, "budget_tokens": {"type": "integer", "minimum": 0}}}]}),
     "output_config": nullable({"type": "object", "additionalProperties": False,
                                "properties": {"effort": {"enum": ["low", "medium", "high", "max", None]},
-                                              "format": {}}}),
+                                              "format": nullable({"type": "object", "required": ["type"], "properties": {
+                                                  "type": {"const": "json_schema"}, "schema": {"type": "object"}}})}}),
     "stop_sequences": SAMPLING["stop"]["anyOf"][1] | {"type": ["array", "null"]},
     # "", "auto" and "router" name the router, which serves /v1/chat/completions only (_check)
     "model": {"minLength": 1, "not": {"pattern": "^([aA][uU][tT][oO]|[rR][oO][uU][tT][eE][rR])$"}},
