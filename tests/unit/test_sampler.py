@@ -107,3 +107,18 @@ def test_the_extremes_of_the_accepted_ranges_pick_a_token_not_nan(kw: dict) -> N
     row = apply_penalties(logits.copy(), params, prompt_ids=[1], counts={})
     assert np.isfinite(row).all()
     assert sample(row, params, make_rng(0)) == 1
+
+
+@pytest.mark.parametrize("kw", [{"repetition_penalty": 5e-324, "top_p": 5e-324}, {"repetition_penalty": 5e-324},
+                                {"repetition_penalty": 10.0, "temperature": 5e-324, "min_p": 0.5}])
+def test_a_masked_seen_token_stays_masked_under_any_penalty(kw: dict) -> None:
+    """Schemathesis's one 500 after the ranges were published: min_tokens masks EOS to -inf, EOS is in
+    the prompt (a seen token), and -inf x 5e-324 was NaN in float32 (the penalty rounds to 0 there):
+    the cuts then kept no candidate (IndexError). The masked token stays -inf, nothing is NaN."""
+    logits = np.array([1.0, 5.0, -2.0, 4.0, 0.5] * 300, dtype=np.float32)
+    logits[1], logits[2] = 6.0, -np.inf                  # 2: masked (min_tokens' EOS), and seen
+    params = SamplingParams(**kw)
+    with np.errstate(all="raise"):                       # no warning either (they went to the server log)
+        row = apply_penalties(logits.copy(), params, prompt_ids=[1, 2, 3], counts={4: 2})
+    assert not np.isnan(row).any() and row[2] == -np.inf
+    assert row[sample(row, params, make_rng(0))] == row.max()   # the top token (penalty 10 moves it)

@@ -27,10 +27,13 @@ def apply_penalties(logits: np.ndarray, params: SamplingParams, prompt_ids: list
     if params.repetition_penalty != 1.0:
         seen = np.fromiter(set(prompt_ids) | counts.keys(), dtype=np.int64)
         if seen.size:
-            vals = logits[seen]
-            # clipped: a penalty near 0 (5e-324 is in range) would turn a positive logit into inf, then NaN
-            logits[seen] = np.clip(np.where(vals > 0, vals / params.repetition_penalty,
-                                            vals * params.repetition_penalty), -_BIG, _BIG)
+            # in float64, where a penalty near 0 (5e-324 is in range) is not 0 as in float32 (then a
+            # token masked to -inf, min_tokens' EOS, times 0 was NaN); clipped above, where a positive
+            # logit over it would be inf and then inf - inf a NaN; -inf (a masked token) stays -inf
+            vals = logits[seen].astype(np.float64)
+            with np.errstate(over="ignore", divide="ignore", under="ignore"):
+                logits[seen] = np.minimum(np.where(vals > 0, vals / params.repetition_penalty,
+                                                   vals * params.repetition_penalty), _BIG)
     if counts and (params.presence_penalty or params.frequency_penalty):
         ids = np.fromiter(counts.keys(), dtype=np.int64)
         freq = np.fromiter(counts.values(), dtype=np.float32)
