@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from ortserve.errors import ModelError, OrtServeError
+from ortserve.errors import ModelError, OrtServeError, StorageFull
 from ortserve.models.catalog import embedded_embedding_dir
 from ortserve.models.embed_export import (  # re-exported: callers and tests import them from here
     agreement,
@@ -281,6 +281,10 @@ def ensure_default_embedding(store: ModelStore, progress: Any = None, *, subproc
                                   check=False, capture_output=True, text=True)
             if proc.returncode != 0 and not have:
                 tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["(no output)"]
+                if any(sign in tail[0] for sign in ("[Errno 28]", "No space left", "disk full", "disk is full")):
+                    raise StorageFull(f"the disk under {store.root} is full: the default embedding model could "
+                                      f"not be imported; nothing was installed ({tail[0]})",
+                                      hint="free space there, or point ORTSERVE_HOME at a bigger disk")
                 raise OrtServeError(f"importing the default embedding model failed: {tail[0]}")
         else:
             with store.lock(f"{DEFAULT_EMBED_MODEL}.import"):   # one import at a time; re-check inside
