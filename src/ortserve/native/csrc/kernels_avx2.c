@@ -159,12 +159,12 @@ AVX2_INLINE void rows32(int kind, int64_t nb, const uint8_t *w, const uint8_t *a
     _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) out[r * ostride] = hsum_ps(acc[r]) + tail[r];
 }
 
-AVX2_FAMILY(q4_0, rows32, 0)
-AVX2_FAMILY(q4_1, rows32, 1)
-AVX2_FAMILY(q5_0, rows32, 2)
-AVX2_FAMILY(q5_1, rows32, 3)
-AVX2_FAMILY(q8_0, rows32, 4)
-AVX2_FAMILY(iq4_nl, rows32, 5)
+OSG_ROW_FAMILY(AVX2, q4_0, rows32, 0)
+OSG_ROW_FAMILY(AVX2, q4_1, rows32, 1)
+OSG_ROW_FAMILY(AVX2, q5_0, rows32, 2)
+OSG_ROW_FAMILY(AVX2, q5_1, rows32, 3)
+OSG_ROW_FAMILY(AVX2, q8_0, rows32, 4)
+OSG_ROW_FAMILY(AVX2, iq4_nl, rows32, 5)
 
 int osg_fill_avx2(osg_kernels *k) {
     __builtin_cpu_init();

@@ -125,27 +125,6 @@ AVX2_INLINE __m256i quant32_lanes(const float *x, __m256 s, int8_t *q) {
 }
 
 
-/* dot_NAME and multi_NAME of one type over its rows function, ROWS(ARG, nb, w, a, as, R, out, os)
- * (rows32 for the 32-weight types, rows_k for K-quants): multi runs RMAX rows at a time, then the
- * rest with R a constant, so each call site is specialised for its row count. */
-#define AVX2_FAMILY(name, ROWS, ARG)                                                                  \
-    AVX2 static float dot_##name(int64_t nb, const void *w, const void *a) {                          \
-        float o;                                                                                      \
-        ROWS(ARG, nb, (const uint8_t *)w, (const uint8_t *)a, 0, 1, &o, 0);                           \
-        return o;                                                                                     \
-    }                                                                                                 \
-    AVX2 static void multi_##name(int64_t nb, const void *w, const void *a, size_t as, int64_t m,      \
-                                  float *out, int64_t os) {                                           \
-        const uint8_t *ap = (const uint8_t *)a, *wp = (const uint8_t *)w;                             \
-        int64_t r = 0;                                                                                \
-        for (; r + RMAX <= m; r += RMAX) ROWS(ARG, nb, wp, ap + r * as, as, RMAX, out + r * os, os);   \
-        switch (m - r) {                                                                              \
-        case 3: ROWS(ARG, nb, wp, ap + r * as, as, 3, out + r * os, os); break;                        \
-        case 2: ROWS(ARG, nb, wp, ap + r * as, as, 2, out + r * os, os); break;                        \
-        case 1: ROWS(ARG, nb, wp, ap + r * as, as, 1, out + r * os, os); break;                        \
-        }                                                                                             \
-    }
-
 /* kernels_avx2_k.c: installs the K-quant and IQ4_XS kernels (called by osg_fill_avx2) */
 void osg_fill_avx2_k(osg_kernels *k);
 

@@ -154,10 +154,10 @@ AVX2_INLINE void rows_k(int t, int64_t nb, const uint8_t *w, const uint8_t *a, s
     else rows_q45k(t == OSG_Q5_K, nb, w, a, as, R, out, os);
 }
 
-AVX2_FAMILY(q4_k, rows_k, OSG_Q4_K)
-AVX2_FAMILY(q5_k, rows_k, OSG_Q5_K)
-AVX2_FAMILY(q6_k, rows_k, OSG_Q6_K)
-AVX2_FAMILY(iq4_xs, rows_k, OSG_IQ4_XS)
+OSG_ROW_FAMILY(AVX2, q4_k, rows_k, OSG_Q4_K)
+OSG_ROW_FAMILY(AVX2, q5_k, rows_k, OSG_Q5_K)
+OSG_ROW_FAMILY(AVX2, q6_k, rows_k, OSG_Q6_K)
+OSG_ROW_FAMILY(AVX2, iq4_xs, rows_k, OSG_IQ4_XS)
 
 void osg_fill_avx2_k(osg_kernels *k) {
     k->dot[OSG_Q4_K] = dot_q4_k; k->multi[OSG_Q4_K] = multi_q4_k;

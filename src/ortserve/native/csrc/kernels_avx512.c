@@ -336,33 +336,15 @@ V512_INLINE void rows_any(int t, int64_t nb, const uint8_t *w, const uint8_t *a,
     }
 }
 
-#define FAMILY(name, t)                                                                               \
-    V512 static float dot_##name(int64_t nb, const void *w, const void *a) {                          \
-        float o;                                                                                      \
-        rows_any(t, nb, (const uint8_t *)w, (const uint8_t *)a, 0, 1, &o, 0);                         \
-        return o;                                                                                     \
-    }                                                                                                 \
-    V512 static void multi_##name(int64_t nb, const void *w, const void *a, size_t as, int64_t m,      \
-                                  float *out, int64_t os) {                                           \
-        const uint8_t *ap = (const uint8_t *)a, *wp = (const uint8_t *)w;                             \
-        int64_t r = 0;                                                                                \
-        for (; r + RMAX <= m; r += RMAX) rows_any(t, nb, wp, ap + r * as, as, RMAX, out + r * os, os); \
-        switch (m - r) {                                                                              \
-        case 3: rows_any(t, nb, wp, ap + r * as, as, 3, out + r * os, os); break;                     \
-        case 2: rows_any(t, nb, wp, ap + r * as, as, 2, out + r * os, os); break;                     \
-        case 1: rows_any(t, nb, wp, ap + r * as, as, 1, out + r * os, os); break;                     \
-        }                                                                                             \
-    }
-
-FAMILY(q4_0, OSG_Q4_0)
-FAMILY(q4_1, OSG_Q4_1)
-FAMILY(q5_0, OSG_Q5_0)
-FAMILY(q5_1, OSG_Q5_1)
-FAMILY(q8_0, OSG_Q8_0)
-FAMILY(q4_k, OSG_Q4_K)
-FAMILY(q5_k, OSG_Q5_K)
-FAMILY(q6_k, OSG_Q6_K)
-FAMILY(iq4_nl, OSG_IQ4_NL)
+OSG_ROW_FAMILY(V512, q4_0, rows_any, OSG_Q4_0)
+OSG_ROW_FAMILY(V512, q4_1, rows_any, OSG_Q4_1)
+OSG_ROW_FAMILY(V512, q5_0, rows_any, OSG_Q5_0)
+OSG_ROW_FAMILY(V512, q5_1, rows_any, OSG_Q5_1)
+OSG_ROW_FAMILY(V512, q8_0, rows_any, OSG_Q8_0)
+OSG_ROW_FAMILY(V512, q4_k, rows_any, OSG_Q4_K)
+OSG_ROW_FAMILY(V512, q5_k, rows_any, OSG_Q5_K)
+OSG_ROW_FAMILY(V512, q6_k, rows_any, OSG_Q6_K)
+OSG_ROW_FAMILY(V512, iq4_nl, rows_any, OSG_IQ4_NL)
 
 int osg_fill_avx512(osg_kernels *k) {
     __builtin_cpu_init();

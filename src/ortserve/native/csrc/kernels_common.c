@@ -344,3 +344,20 @@ void osg_matmul_rows(int t, int64_t k, const void *w, const void *xq, int64_t m_
         }
     }
 }
+
+static __thread void *g_panel;
+static __thread size_t g_panel_bytes;
+
+void *osg_panel(size_t bytes) {
+    if (bytes > g_panel_bytes) {
+        free(g_panel);
+        g_panel = aligned_alloc(64, (bytes + 63) / 64 * 64);
+        g_panel_bytes = g_panel ? bytes : 0;
+    }
+    return g_panel;
+}
+
+void osg_set_gemm(osg_kernels *k, osg_gemm_fn gemm) {
+    static const int types[] = {OSG_Q4_0, OSG_Q4_1, OSG_Q5_0, OSG_Q5_1, OSG_Q8_0, OSG_Q4_K, OSG_Q5_K, OSG_Q6_K, OSG_IQ4_NL};
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) k->gemm[types[i]] = gemm;
+}

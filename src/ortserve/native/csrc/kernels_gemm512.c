@@ -13,7 +13,6 @@
  * The integers are the ones the other paths compute (kernels_scalar.c is the definition): per block,
  * sum over sub-blocks of scale x (sum of q' a) in int32, the offset or minimum terms as there, and
  * floats once per block. Only the order floats are summed in differs. */
-#include <stdlib.h>
 #include <string.h>
 
 #include "kernels_internal.h"
@@ -142,19 +141,6 @@ V512 static void tile_32(const void *P, int64_t nb, const uint8_t *a, size_t as,
 #undef T
 }
 
-/* this thread's panel, grown as needed (one per pool thread: K = 8192 takes 184 KB) */
-static __thread void *g_panel;
-static __thread size_t g_panel_bytes;
-
-static void *panel_for(size_t bytes) {
-    if (bytes > g_panel_bytes) {
-        free(g_panel);
-        g_panel = aligned_alloc(64, (bytes + 63) / 64 * 64);
-        g_panel_bytes = g_panel ? bytes : 0;
-    }
-    return g_panel;
-}
-
 /* Y[m*ldy + n] for n in [n0, n1), m in [0, m_rows); returns 0 when it could not (no memory): the caller
  * then takes the row path. */
 static int gemm(int t, int64_t nb, const void *w, size_t rb, const void *xq, size_t ab, int64_t m_rows, float *y,
@@ -164,7 +150,7 @@ static int gemm(int t, int64_t nb, const void *w, size_t rb, const void *xq, siz
      * M=32 148 against 144) */
     if (t == OSG_Q6_K && m_rows < 32) return 0;
     int k256 = t == OSG_Q4_K || t == OSG_Q5_K || t == OSG_Q6_K;
-    void *panel = panel_for((size_t)nb * (k256 ? sizeof(osg_pk256) : sizeof(osg_pk32)));
+    void *panel = osg_panel((size_t)nb * (k256 ? sizeof(osg_pk256) : sizeof(osg_pk32)));
     if (panel == NULL) return 0;
     void (*tile)(const void *, int64_t, const uint8_t *, size_t, int, float *, int64_t, int) =
         t == OSG_Q6_K ? tile_q6k : k256 ? tile_q4k : tile_32;
@@ -182,8 +168,7 @@ static int gemm(int t, int64_t nb, const void *w, size_t rb, const void *xq, siz
 }
 
 int osg_fill_gemm512(osg_kernels *k) {
-    static const int types[] = {OSG_Q4_0, OSG_Q4_1, OSG_Q5_0, OSG_Q5_1, OSG_Q8_0, OSG_Q4_K, OSG_Q5_K, OSG_Q6_K, OSG_IQ4_NL};
-    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) k->gemm[types[i]] = gemm;
+    osg_set_gemm(k, gemm);
     return 1;
 }
 #else

@@ -10,7 +10,6 @@
  * allows (Q4: 8 lines, Q5: 4, Q6_K: 2), consecutive lines' pairs are added as int16 before one
  * vpmaddwd by the sub-block scale (K-quants) or by ones turns them into int32. The integers are then
  * the other paths' (kernels_scalar.c is the definition); floats enter once per block. */
-#include <stdlib.h>
 #include <string.h>
 
 #include "kernels_internal.h"
@@ -168,19 +167,6 @@ TILE_FN(tile_q4, T_Q4)
 TILE_FN(tile_q5, T_Q5)
 TILE_FN(tile_s8, T_S8)
 
-/* this thread's panel, grown as needed */
-static __thread void *g_panel;
-static __thread size_t g_panel_bytes;
-
-static void *panel_for(size_t bytes) {
-    if (bytes > g_panel_bytes) {
-        free(g_panel);
-        g_panel = aligned_alloc(64, (bytes + 63) / 64 * 64);
-        g_panel_bytes = g_panel ? bytes : 0;
-    }
-    return g_panel;
-}
-
 /* Y[m*ldy + n] for n in [n0, n1), m in [0, m_rows); returns 0 when it could not (no memory): the caller
  * then takes the row path. */
 static int gemm(int t, int64_t nb, const void *w, size_t rb, const void *xq, size_t ab, int64_t m_rows, float *y,
@@ -189,7 +175,7 @@ static int gemm(int t, int64_t nb, const void *w, size_t rb, const void *xq, siz
      * N = 4096: 81 against 100 GFLOP/s), at 16 they are even, at 32 the gemm is (131 against 107) */
     if (t == OSG_Q6_K && m_rows <= 16) return 0;
     int k256 = t == OSG_Q4_K || t == OSG_Q5_K || t == OSG_Q6_K;
-    void *panel = panel_for((size_t)nb * (k256 ? sizeof(osg_pk256) : sizeof(osg_pk32)));
+    void *panel = osg_panel((size_t)nb * (k256 ? sizeof(osg_pk256) : sizeof(osg_pk32)));
     if (panel == NULL) return 0;
     tile_fn tile;
     switch (t) {
@@ -214,8 +200,7 @@ static int gemm(int t, int64_t nb, const void *w, size_t rb, const void *xq, siz
 }
 
 int osg_fill_gemm_avx2(osg_kernels *k) {
-    static const int types[] = {OSG_Q4_0, OSG_Q4_1, OSG_Q5_0, OSG_Q5_1, OSG_Q8_0, OSG_Q4_K, OSG_Q5_K, OSG_Q6_K, OSG_IQ4_NL};
-    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) k->gemm[types[i]] = gemm;
+    osg_set_gemm(k, gemm);
     return 1;
 }
 #else

@@ -97,6 +97,28 @@ typedef struct {
     osg_quant_fn quant32, quant256;
 } osg_kernels;
 
+/* dot_NAME and multi_NAME of one type for a SIMD level (ATTR: its target attribute), over its rows
+ * function ROWS(ARG, nb, w, a, as, R, out, os) with R <= RMAX (the including level's, 4 on both:
+ * kernels_avx2.h, kernels_avx512.c; the switch takes the last 3..1): multi runs RMAX rows at a time,
+ * then the rest with R a constant, so each call site is specialised for its row count. */
+#define OSG_ROW_FAMILY(ATTR, name, ROWS, ARG)                                                         \
+    ATTR static float dot_##name(int64_t nb, const void *w, const void *a) {                          \
+        float o;                                                                                      \
+        ROWS(ARG, nb, (const uint8_t *)w, (const uint8_t *)a, 0, 1, &o, 0);                           \
+        return o;                                                                                     \
+    }                                                                                                 \
+    ATTR static void multi_##name(int64_t nb, const void *w, const void *a, size_t as, int64_t m,      \
+                                  float *out, int64_t os) {                                           \
+        const uint8_t *ap = (const uint8_t *)a, *wp = (const uint8_t *)w;                             \
+        int64_t r = 0;                                                                                \
+        for (; r + RMAX <= m; r += RMAX) ROWS(ARG, nb, wp, ap + r * as, as, RMAX, out + r * os, os);   \
+        switch (m - r) {                                                                              \
+        case 3: ROWS(ARG, nb, wp, ap + r * as, as, 3, out + r * os, os); break;                        \
+        case 2: ROWS(ARG, nb, wp, ap + r * as, as, 2, out + r * os, os); break;                        \
+        case 1: ROWS(ARG, nb, wp, ap + r * as, as, 1, out + r * os, os); break;                        \
+        }                                                                                             \
+    }
+
 extern const osg_kernels osg_scalar_kernels;
 int osg_fill_avx2(osg_kernels *k);    /* returns 0 when built without x86 support */
 int osg_fill_avx512(osg_kernels *k);
@@ -128,5 +150,10 @@ void osg_pack512(int t, const uint8_t *w, size_t rb, int64_t nb, int nc, int nex
  * kept signed, m = 0: the AVX2 tile takes them by the sign trick) */
 void osg_pack_avx2(int t, const uint8_t *w, size_t rb, int64_t nb, int nc, void *panel);
 int osg_fill_gemm_avx2(osg_kernels *k); /* kernels_gemm_avx2.c: the AVX2 many-row path */
+/* kernels_common.c, for both gemms: this thread's panel, grown as needed and 64-byte aligned (one per
+ * pool thread: K = 8192 takes 184 KB; NULL when out of memory), and the gemm entry set for the types
+ * they cover (the 32-weight types, the K-quants, IQ4_NL) */
+void *osg_panel(size_t bytes);
+void osg_set_gemm(osg_kernels *k, osg_gemm_fn gemm);
 
 #endif
