@@ -163,16 +163,21 @@ def show_cmd(ref: str, device: str | None, as_json: bool) -> None:
                    "phi4 or gemma (docs/tools.md).")
 @click.option("--speed", is_flag=True, help="GGUF: also measure decode speed, loading the whole model as "
               "serving does (~1.7x a Q4_K_M file's memory; the import alone stays near the file's size).")
+@click.option("--mmproj", default=None, type=click.Path(path_type=str), metavar="MMPROJ.gguf",
+              help="The vision projector (llama.cpp's mmproj GGUF) of a Qwen2.5-VL text GGUF: the pair "
+                   "becomes a vision model (docs/vision.md).")
 @quant_options_decorator
 @json_option
 @handles_errors
 def import_cmd(path: str, model_id: str | None, link: bool, requantize: str | None, precision: str | None,
                device: str, block_size: str | None, algo: str | None, last_matmul: str | None,
-               accuracy_level: int | None, tool_format: str | None, speed: bool, as_json: bool) -> None:
+               accuracy_level: int | None, tool_format: str | None, speed: bool, mmproj: str | None,
+               as_json: bool) -> None:
     """Import a .gguf file, a Hugging Face model dir, or an ONNX GenAI dir.
 
     A GGUF keeps its quantized blocks (exact import) unless --requantize/--precision is given;
-    a Hugging Face dir is built at --precision (default int8 on cpu).
+    a Hugging Face dir is built at --precision (default int8 on cpu). A vision model's GGUF
+    comes with its projector: PATH --mmproj MMPROJ.gguf.
     """
     from pathlib import Path
 
@@ -180,6 +185,9 @@ def import_cmd(path: str, model_id: str | None, link: bool, requantize: str | No
 
     if requantize and precision and requantize != precision:
         raise click.UsageError("--requantize and --precision disagree; give one")
+    if mmproj and (link or requantize or precision or speed or tool_format):
+        raise click.UsageError("--mmproj imports the pair as it is (fp32 vision graphs on cpu): "
+                               "drop --link, --requantize, --precision, --speed and --tool-format")
     if tool_format is not None:
         _format_name(tool_format)  # a bad name fails before the import, not after
         if link:
@@ -187,7 +195,8 @@ def import_cmd(path: str, model_id: str | None, link: bool, requantize: str | No
     opts = _options(block_size, algo, last_matmul, accuracy_level)
     with Progress(f"importing {Path(path).name}") as progress:
         v = import_path(_store(), Path(path), model_id=model_id, precision=requantize or precision,
-                        device=device, options=opts, link=link, progress=progress, speed=speed)
+                        device=device, options=opts, link=link, progress=progress, speed=speed,
+                        mmproj=Path(mmproj) if mmproj else None)
     if tool_format is not None:
         v = _set_tool_format(v, tool_format)
     _report_install(v, as_json)

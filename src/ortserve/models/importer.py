@@ -260,19 +260,26 @@ def import_onnx_dir(store: ModelStore, src: Path, model_id: str, *, link: bool =
 def import_path(store: ModelStore, path: Path, *, model_id: str | None = None,
                 precision: str | None = None, device: str = "cpu",
                 options: dict[str, Any] | None = None, link: bool = False,
-                progress: Progress | None = None, speed: bool = False) -> Variant:
+                progress: Progress | None = None, speed: bool = False, mmproj: Path | None = None) -> Variant:
     """Import a .gguf file, a Hugging Face directory or an ONNX GenAI directory, by what it is.
 
     ``precision`` None means: a GGUF keeps its own quantized blocks where it can (exact
     import), a Hugging Face directory is built at the default precision. ``speed``: see
     ``import_gguf`` (the other imports always measure it, to choose among their variants).
+    ``mmproj``: the vision projector GGUF of a Qwen2.5-VL text GGUF (models/vision_gguf.py).
     """
     path = Path(path).expanduser()
     mid = validate_name(model_id) if model_id else None
+    from ortserve.models import vision_gguf
+
+    if mmproj is not None:   # llama.cpp's vision pair: text GGUF + mmproj -> kind vision
+        return vision_gguf.import_gguf_pair(store, path, Path(mmproj), mid or model_id_from_path(path),
+                                            progress=progress)
     if path.is_file():
         if not has_gguf_magic(path):
             raise ModelError(f"{path.name} is not a GGUF file",
                              hint="import takes a .gguf file, a Hugging Face or an ONNX GenAI directory")
+        vision_gguf.refuse_half(path)   # a vision model's text GGUF alone, or an mmproj: say what to give
         return import_gguf(store, path, mid or model_id_from_path(path), precision=precision, device=device,
                            options=options, progress=progress, speed=speed)
     if not path.is_dir():
