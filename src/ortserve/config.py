@@ -183,6 +183,9 @@ class Settings(BaseSettings):
                                               "own decompression-bomb guard (89 M) stays below it")
     image_max_images: int = Field(8, ge=0, validation_alias=_env("ORTSERVE_IMAGE_MAX_IMAGES"),
                                   description="Most images per request")
+    image_dir: Path | None = Field(None, validation_alias=_env("ORTSERVE_IMAGE_DIR"),
+                                   description="Folder whose images requests may name as file:// URLs (symlinks "
+                                               "resolved, nothing outside it is read); unset = file:// refused")
     # sampling defaults: what a request's unset fields become (docs/api-fields.md)
     default_temperature: float = Field(0.8, ge=0, le=2, validation_alias=_env("ORTSERVE_DEFAULT_TEMPERATURE"),
                                        description="temperature when a request and the model give none")

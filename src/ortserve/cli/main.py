@@ -44,6 +44,8 @@ def cli() -> None:
 @click.option("--load-wait", type=float, default=None, help="Seconds a request waits for a model load before 503")
 @click.option("--draft-model", default=None,
               help="A store model of the same vocabulary that guesses tokens for the served one (speculation)")
+@click.option("--image-dir", default=None,
+              help="Folder whose images requests may name as file:// URLs (docs/vision.md); unset = refused")
 @click.option("--router-config", default=None, help="Routing config file (JSON/TOML)")
 @click.option("--telemetry/--no-telemetry", default=None, help="Write OpenTelemetry files")
 @click.option("--telemetry-dir", default=None, help="Directory for telemetry files (implies --telemetry)")

@@ -228,7 +228,7 @@ def _rag_parts(state: ServerState) -> None:
     from ortserve.vision.images import ImageLimits
 
     state.vision = VisionHolder(ModelStore(s.store_dir), ImageLimits(s.image_max_bytes, s.image_max_pixels,
-                                                                     s.image_max_images))
+                                                                     s.image_max_images, s.image_dir))
     state.vision.manager = state.manager
 
 

@@ -106,8 +106,11 @@ def _turn(role: str, *blocks: dict[str, Any]) -> dict[str, Any]:
 ANTHROPIC: dict[str, dict[str, Any]] = {
     "messages": {"items": {"anyOf": [
         _turn("user", _TEXT_BLOCK, _REDACTED,
-              _block("image", source={"type": "object", "required": ["type", "data"],
-                                      "properties": {"type": {"const": "base64"}, "data": {"type": "string"}}}),
+              _block("image", source={"anyOf": [
+                  {"type": "object", "required": ["type", "data"],
+                   "properties": {"type": {"const": "base64"}, "data": {"type": "string"}}},
+                  {"type": "object", "required": ["type", "url"],   # file:// under ORTSERVE_IMAGE_DIR
+                   "properties": {"type": {"const": "url"}, "url": {"type": "string"}}}]}),
               _block("tool_result", content={"anyOf": [{"type": "string"}, _TEXT_BLOCKS]})),
         _turn("assistant", _TEXT_BLOCK, _REDACTED, _block("tool_use", id={"type": "string"}, name={"type": "string"}),
               _block("thinking", thinking={"type": "string"})),

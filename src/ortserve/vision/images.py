@@ -14,8 +14,12 @@ import base64
 import binascii
 import hashlib
 import io
+import os
+import stat
 import warnings
 from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from urllib.parse import unquote, urlsplit
 
 from ortserve.errors import InvalidRequest
 
@@ -29,6 +33,7 @@ class ImageLimits:
     max_bytes: int = 20 * 1024 * 1024   # per image, after base64 decoding
     max_pixels: int = 50_000_000        # width x height as the header states it
     max_images: int = 8                 # per request
+    folder: Path | None = None          # file:// URLs are read under it (ORTSERVE_IMAGE_DIR); None: refused
 
 
 @dataclass(frozen=True)
@@ -68,17 +73,19 @@ def _too_many_bytes(param: str, limits: ImageLimits, size: int) -> InvalidReques
 
 
 def from_url(url: str, param: str, limits: ImageLimits) -> ImageInput:
-    """An image URL as OpenAI clients send it: only ``data:image/...;base64,`` is served; http(s)
-    is refused because no request ever leaves the machine."""
+    """An image URL as OpenAI clients send it: ``data:image/...;base64,``, or ``file://`` under the
+    operator's image folder; http(s) is refused because no request ever leaves the machine."""
     if not isinstance(url, str) or not url:
         raise _bad(param, "needs a URL (a data:image/...;base64, URL)")
     head = url[:16].lower()
     if head.startswith(("http://", "https://")):
         raise _bad(param, "is an http(s) URL: ortserve never fetches anything (no request leaves the machine); "
                    "send the image inline as a data:image/png;base64,... URL", code="image_url_not_allowed")
+    if head.startswith("file:"):
+        return from_file_url(url, param, limits)
     if not head.startswith("data:"):
-        raise _bad(param, "must be a data:image/...;base64,... URL (file and other schemes are not served)",
-                   code="image_url_not_allowed")
+        raise _bad(param, "must be a data:image/...;base64,... URL (or a file:// URL under the server's image "
+                   "folder); other schemes are not served", code="image_url_not_allowed")
     meta, comma, payload = url.partition(",")
     if not comma or not meta.lower().endswith(";base64"):
         raise _bad(param, "must be a base64 data URL: data:image/png;base64,...")
@@ -86,6 +93,68 @@ def from_url(url: str, param: str, limits: ImageLimits) -> ImageInput:
     if media and not media.startswith("image/"):
         raise _bad(param, f"has media type {media!r}, not an image")
     return from_base64(payload, param, limits)
+
+
+def from_file_url(url: str, param: str, limits: ImageLimits) -> ImageInput:
+    """A ``file:///path`` URL, read only under the operator's image folder (``limits.folder``,
+    ORTSERVE_IMAGE_DIR). The path must lie under the folder as written (``..`` refused, so nothing
+    outside it is even looked at) and again once its symlinks are resolved; then it is read as a
+    data URL's bytes are, under the same byte limit (checked on the file's size first)."""
+    if limits.folder is None:
+        raise _bad(param, "is a file:// URL, and this server reads no image files: the operator allows file:// "
+                   "images under one folder with ORTSERVE_IMAGE_DIR (ortserve serve --image-dir DIR); or send the "
+                   "image inline as a data:image/png;base64,... URL", code="image_url_not_allowed")
+    parts = urlsplit(url)
+    if parts.netloc not in ("", "localhost"):
+        raise _bad(param, f"names the host {parts.netloc!r}: a file URL is file:///absolute/path on this machine",
+                   code="image_url_not_allowed")
+    path = unquote(parts.path)
+    if parts.query or parts.fragment or "\0" in path or not path.startswith("/"):
+        raise _bad(param, "must be file:///absolute/path (no query, fragment or relative path; escape '?' and "
+                   "'#' in names as %3F and %23)", code="image_url_not_allowed")
+    if ".." in PurePosixPath(path).parts:
+        raise _bad(param, "has a '..' in its path: file:// images are named by their path under the image "
+                   "folder, without '..'", code="image_url_not_allowed")
+    root = Path(limits.folder).expanduser().absolute()   # as configured: a symlinked folder names files too
+    real_root = root.resolve()
+    outside = _bad(param, "is outside the server's image folder (ORTSERVE_IMAGE_DIR); only files under it are "
+                   "served", code="image_url_not_allowed")
+    named = Path(path)
+    if not (named.is_relative_to(root) or named.is_relative_to(real_root)):
+        raise outside
+    try:
+        real = named.resolve(strict=True)
+    except (FileNotFoundError, NotADirectoryError):
+        raise _bad(param, "names no file in the server's image folder", code="image_not_found") from None
+    except (OSError, RuntimeError) as exc:   # a symlink loop, a permission denied on the way
+        raise _bad(param, f"could not be opened: {type(exc).__name__}") from None
+    if not real.is_relative_to(real_root):
+        raise outside   # a symlink under the folder that points out of it
+    return ImageInput(_read_file(real, param, limits), param)
+
+
+def _read_file(real: Path, param: str, limits: ImageLimits) -> bytes:
+    """The bytes of a regular file (no FIFO or device: opened non-blocking, checked with fstat),
+    at most the byte limit; the last component is not followed if it became a symlink since."""
+    try:
+        fd = os.open(real, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError as exc:
+        raise _bad(param, f"could not be opened: {exc.strerror or type(exc).__name__}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise _bad(param, "is not a regular file")
+        if info.st_size > limits.max_bytes:
+            raise _too_many_bytes(param, limits, info.st_size)
+        with os.fdopen(os.dup(fd), "rb") as f:
+            data = f.read(limits.max_bytes + 1)
+    finally:
+        os.close(fd)
+    if len(data) > limits.max_bytes:   # grew since fstat
+        raise _too_many_bytes(param, limits, len(data))
+    if not data:
+        raise _bad(param, "is empty")
+    return data
 
 
 @dataclass(frozen=True)

@@ -104,13 +104,15 @@ def _text(blocks: Any, where: str) -> str:
 
 
 def _image(b: dict[str, Any], where: str) -> dict[str, Any]:
-    """An image block (base64 source) as the internal image part; a url source is refused."""
+    """An image block as the internal image part: a base64 source, or a url source read as an
+    image URL is (vision/images.py: file:// under the image folder; http(s) refused, never fetched)."""
     from ortserve.server.vision import image_part
 
     src = b.get("source") if isinstance(b.get("source"), dict) else {}
     if src.get("type") == "url":
-        raise InvalidRequest(f"'{where}.source.url': ortserve never fetches anything (no request leaves the machine); "
-                             "send the image as a base64 source", param=f"{where}.source.url", code="invalid_image")
+        if not isinstance(src.get("url"), str):
+            raise InvalidRequest(f"'{where}.source.url' must be a string", param=f"{where}.source.url")
+        return image_part(src["url"], f"{where}.source.url")
     if src.get("type") != "base64" or not isinstance(src.get("data"), str):
         raise InvalidRequest(f"'{where}.source' must be {{type: 'base64', media_type, data}}", param=f"{where}.source")
     media = src.get("media_type") if isinstance(src.get("media_type"), str) else "image/png"
