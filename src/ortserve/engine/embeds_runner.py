@@ -76,11 +76,15 @@ class EmbedsRunner(Runner):
         kw["lora"] = False
         super().__init__(spec, **kw)
         inputs = {i.name: i for i in self.session.get_inputs()}
-        if "inputs_embeds" not in inputs or "position_ids" not in inputs:
-            raise ModelError(f"{spec.onnx_path} takes no inputs_embeds and position_ids (inputs: {list(inputs)})")
+        if "inputs_embeds" not in inputs:
+            raise ModelError(f"{spec.onnx_path} takes no inputs_embeds (inputs: {list(inputs)})")
         self.feed = feed
         self.embeds_dtype = np.float16 if inputs["inputs_embeds"].type == "tensor(float16)" else np.float32
-        self.pos_dtype = np.int32 if inputs["position_ids"].type == "tensor(int32)" else np.int64
+        # a 1-D family's decoder (Mistral 3's as exported) may take no positions at all (its attention
+        # counts them from the mask: past + i, the feed's own), or [batch, tokens]; Qwen's takes [3, batch, tokens]
+        pos = inputs.get("position_ids")
+        self.pos_rank = len(pos.shape) if pos is not None else 0
+        self.pos_dtype = np.int32 if pos is not None and pos.type == "tensor(int32)" else np.int64
         self.held: list[list[int]] = [[] for _ in range(self.slots)]   # each row's fed ids
         self.offsets = np.zeros(self.slots, dtype=np.int64)            # each row's decode position offset
         self.steps = 0            # model runs (prefill chunks and decode steps)
@@ -119,7 +123,9 @@ class EmbedsRunner(Runner):
         io = self._binding(rows)
         io.bind_cpu_input("inputs_embeds", np.ascontiguousarray(embeds, dtype=self.embeds_dtype))
         io.bind_cpu_input("attention_mask", mask.astype(self.mask_dtype, copy=False))
-        io.bind_cpu_input("position_ids", np.ascontiguousarray(positions, dtype=self.pos_dtype))
+        if self.pos_rank:
+            pos = positions if self.pos_rank == 3 else positions[0]
+            io.bind_cpu_input("position_ids", np.ascontiguousarray(pos, dtype=self.pos_dtype))
         self.steps += 1
         return self._run_bound(io, picks, out)
 

@@ -27,11 +27,11 @@ from ortserve.engine.tokenizer import TextCodec
 from ortserve.errors import InvalidRequest, ModelError
 from ortserve.server.service import submit_n
 from ortserve.types import SamplingParams
-from ortserve.vision import qwen
+from ortserve.vision import mistral, qwen
 from ortserve.vision.features import Encoder
-from ortserve.vision.images import ImageInput, ImageLimits, decode
+from ortserve.vision.images import Decoded, ImageInput, ImageLimits, decode
 from ortserve.vision.rows import QwenFeed
-from ortserve.vision.runner import SIDE_FILE
+from ortserve.vision.runner import MARKER, SIDE_FILE
 
 
 class VisionEngine:
@@ -44,13 +44,21 @@ class VisionEngine:
         if not notes_path.is_file():
             raise ModelError(f"{self.dir} is not a vision model (no {SIDE_FILE})")
         notes = json.loads(notes_path.read_text(encoding="utf-8"))
-        self.pre = qwen.Preprocess.from_config(notes.get("preprocess", {}))
+        self.family = notes.get("family", "qwen2_5_vl")
         gc = json.loads((self.dir / "genai_config.json").read_text(encoding="utf-8"))["model"]
         vis, emb = gc["vision"], gc["embedding"]
         self.image_token_id = int(gc.get("image_token_id", notes.get("image_token_id", 151655)))
         self.encoder = Encoder(self.dir / vis["filename"], vis.get("inputs", {}),
                                vis.get("outputs", {}).get("image_features", "image_features"))
-        self.feed = QwenFeed(self.dir / emb["filename"], self.image_token_id)
+        self.pre: Any
+        if self.family == "mistral3":   # vision/mistral.py: Pixtral's pixels, [IMG] rows, 1-D positions
+            self.pre = mistral.Preprocess.from_config(notes.get("preprocess", {}))
+            self.feed: QwenFeed = mistral.MistralFeed(self.dir / emb["filename"], self.image_token_id,
+                                                      int(notes["image_break_token_id"]),
+                                                      int(notes["image_end_token_id"]))
+        else:
+            self.pre = qwen.Preprocess.from_config(notes.get("preprocess", {}))
+            self.feed = QwenFeed(self.dir / emb["filename"], self.image_token_id)
         self.engine = EmbedsEngine(EmbedsModel(self.dir, self.feed, settings, model_id), settings)
         self.codec: TextCodec = self.engine.codec
         self.prep = prep
@@ -83,20 +91,27 @@ class VisionEngine:
         """The prompt's token ids with each image's virtual ids in place of its ``<|image_pad|>``
         (decoding, cutting and encoding each image, or taking its features from the cache); the
         tools are described in the prompt as the chat template does for a text engine."""
+        if self.family == "mistral3":   # server/vision.py marks images Qwen's way; Mistral's template writes [IMG]
+            messages = [{**m, "content": m["content"].replace(MARKER, mistral.MARKER)}
+                        if isinstance(m.get("content"), str) else m for m in messages]
         ids = self.codec.chat_ids(messages, tools=tools, thinking=thinking)
         places = ids.count(self.image_token_id)
         if places != len(images):
             raise InvalidRequest(f"the prompt has {places} image places for {len(images)} images",
                                  param=images[0].param if images else "messages")
-        virtual = []
-        m = self.pre.merge
-        for image in images:
-            d = decode(image, limits)
-            grid = qwen.grid(d.width, d.height, self.pre, image.param)
-            feats = self.encoder.features(d.sha256, lambda d=d, p=image.param: qwen.patches(d.rgb, self.pre, p)[0],
-                                          grid)
-            virtual.append(self.feed.register(d.sha256, feats, (grid[0], grid[1] // m, grid[2] // m)))
+        virtual = [self._image_ids(decode(image, limits), image.param) for image in images]
         return self.feed.expand(ids, virtual)
+
+    def _image_ids(self, d: Decoded, param: str) -> list[int]:
+        """One image's ids in the prompt: its features (cached by sha256, else encoded) registered."""
+        if self.family == "mistral3":
+            grid = mistral.grid(d.width, d.height, self.pre, param)
+            feats = self.encoder.features(d.sha256, lambda: mistral.pixels(d.rgb, self.pre, param), grid)
+            return self.feed.register(d.sha256, feats, grid)
+        m = self.pre.merge
+        grid = qwen.grid(d.width, d.height, self.pre, param)
+        feats = self.encoder.features(d.sha256, lambda: qwen.patches(d.rgb, self.pre, param)[0], grid)
+        return self.feed.register(d.sha256, feats, (grid[0], grid[1] // m, grid[2] // m))
 
     async def submit(self, messages: list[dict[str, Any]], images: list[ImageInput], params: SamplingParams,
                      limits: ImageLimits) -> RequestHandle:

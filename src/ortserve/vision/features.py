@@ -54,6 +54,8 @@ class Encoder:
         self.runs = 0     # encoder runs (a cached image adds none)
         self.hits = 0
         self._lock = threading.Lock()
+        self.takes_grid = self.names.get("image_grid_thw", "image_grid_thw") in {
+            i.name for i in self.session.get_inputs()}
         width = self.session.get_outputs()[0].shape[-1]
         self.width = int(width) if isinstance(width, int) else 0
 
@@ -64,8 +66,9 @@ class Encoder:
                 self.cache.move_to_end(key)
                 self.hits += 1
                 return self.cache[key]
-        feeds = {self.names.get("pixel_values", "pixel_values"): pixel_values(),
-                 self.names.get("image_grid_thw", "image_grid_thw"): np.asarray([grid], dtype=np.int64)}
+        feeds = {self.names.get("pixel_values", "pixel_values"): pixel_values()}
+        if self.takes_grid:   # Qwen's graph; Pixtral's (Mistral 3) reads the grid from the pixels' shape
+            feeds[self.names.get("image_grid_thw", "image_grid_thw")] = np.asarray([grid], dtype=np.int64)
         out = self.session.run([self.out], feeds)[0].astype(np.float32, copy=False)
         with self._lock:
             self.runs += 1
