@@ -264,11 +264,16 @@ def _started(state: ServerState, engine: AsyncEngine) -> None:
 
 
 async def _load(state: ServerState, model_dir: Path | None, model_id: str | None) -> None:
+    from ortserve.server.vision_pinned import is_vision_dir, start_pinned_vision
+
     try:
         if model_dir is None:
             raise OrtServeError("no model given")
         assert state.manager is not None
-        engine = await state.manager.preload(Path(model_dir), model_id or Path(model_dir).name)
+        if is_vision_dir(model_dir):   # a vision start model: its batched engine is the default (no text engine)
+            engine = await start_pinned_vision(state, Path(model_dir), model_id or Path(model_dir).name)
+        else:
+            engine = await state.manager.preload(Path(model_dir), model_id or Path(model_dir).name)
         _started(state, engine)
     except OrtServeError as exc:
         state.load_error = exc.one_line()

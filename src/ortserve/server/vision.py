@@ -26,6 +26,7 @@ from ortserve.models.sampling import defaults_for
 from ortserve.models.store import ModelStore, Variant
 from ortserve.providers.structured import ToolPlan, constrain
 from ortserve.server.holder import ModelHolder
+from ortserve.server.model_names import GENERIC_NAMES
 from ortserve.server.vision_engine import VisionEngine
 from ortserve.vision.images import ImageInput, ImageLimits, check_count, from_url
 from ortserve.vision.runner import MARKER
@@ -72,11 +73,29 @@ class VisionHolder(ModelHolder[VisionEngine]):
         self.settings = settings   # the server's (max_batch, kv_cache_mb, prefill_chunk, prefix_cache)
         # loading, decoding, patches and the encoder run here, off the event loop
         self.prep = ThreadPoolExecutor(2, thread_name_prefix="vision-prep")
+        # the server's start model when it is a vision model (server/vision_pinned.py): never dropped
+        self.pinned: tuple[Variant, VisionEngine] | None = None
+        self.pinned_names: set[str] = set()
+
+    def pin(self, v: Variant, engine: VisionEngine, served_id: str) -> None:
+        """Hold ``engine`` as the pinned start model: no model, a generic name, the id it was started
+        with or its store names mean it (the manager holds its slot, pinned)."""
+        self.pinned = (v, engine)
+        self.pinned_names = {served_id, v.id, v.model, *v.aliases}
 
     def variant(self, name: str | None) -> Variant | None:
+        if self.pinned is not None and (not name or name.lower() in GENERIC_NAMES or name in self.pinned_names):
+            return self.pinned[0]
         if not name:
             return None
         return next((v for v in self.store.find(name) if v.kind == "vision"), None)
+
+    def _hold(self, v: Variant) -> tuple[Variant, VisionEngine]:
+        if self.pinned is not None and v.id == self.pinned[0].id:
+            if self.manager is not None:
+                self.manager.touch(self.pinned[1].model_id)   # the pinned slot's id: requests, last use
+            return self.pinned
+        return super()._hold(v)
 
     def resolve(self, ref: str | None) -> Variant:
         v = self.variant(ref)

@@ -18,7 +18,8 @@ async def models(request: Request) -> dict[str, Any]:
     st = state_of(request)
     engine = st.ready_engine()
     data = [{"id": engine.model_id, "object": "model", "created": int(st.started), "owned_by": "ortserve",
-             "context_length": engine.context_length, "loaded": True, "pinned": True, "kind": "chat"}]
+             "context_length": engine.context_length, "loaded": True, "pinned": True,
+             "kind": "vision" if getattr(st.vision, "pinned", None) else "chat"}]   # vision: server/vision_pinned.py
     data += store_models(st, skip={engine.model_id})
     if not any(d["kind"] == "embedding" for d in data):  # the embedded default, imported on first use
         from ortserve.models.embed_import import DEFAULT_EMBED_MODEL, EMBED_ALIASES
