@@ -152,3 +152,13 @@ def test_file_urls_with_no_folder_set_say_how_to_allow_them(tiny_model: Path, ti
                 {"type": "image", "source": {"type": "url", "url": url}}, {"type": "text", "text": "What?"}]}])
         assert aerr.value.body["error"]["message"].startswith("'messages.0.content.0.source.url' is a file:// URL")
         assert not s.state.vision.loaded()   # refused before the model was needed
+
+
+def test_serve_refuses_an_image_folder_that_is_not_one(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from ortserve.cli.main import cli
+
+    res = CliRunner().invoke(cli, ["serve", "--image-dir", str(tmp_path / "nowhere"), "--port", "0"],
+                             env={"ORTSERVE_HOME": str(tmp_path / "home")})
+    assert res.exit_code == 1 and "is not a directory" in res.output and "--image-dir" in res.output, res.output

@@ -12,6 +12,7 @@ import click
 
 from ortserve import __version__
 from ortserve.cli.common import (
+    fail,
     guarded,
     model_options,
     pop_model_flags,
@@ -60,6 +61,8 @@ def serve(**kwargs: Any) -> None:
     flags = pop_model_flags(kwargs)
     settings = settings_from(**flags, **kwargs)
     logging.basicConfig(level=settings.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    if settings.image_dir is not None and not settings.image_dir.expanduser().is_dir():   # say so now, not per image
+        fail(f"the image folder (--image-dir / ORTSERVE_IMAGE_DIR) {settings.image_dir} is not a directory")
     from ortserve.models.locate import resolve_model_dir
     from ortserve.server.run import serve as run
 
