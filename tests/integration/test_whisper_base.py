@@ -35,6 +35,9 @@ def test_whisper_base_transcribes_espeak_sentences(whisper_base: Path, client: o
     nodes = onnx.load(str(whisper_base / "encoder.onnx"), load_external_data=False).graph.node
     assert {n.op_type for n in nodes if "/attn/" in n.name} == {"DynamicQuantizeMatMul", "Split", "MultiHeadAttention",
                                                                 "Add", "Reshape", "Transpose"}
+    native = manifest(whisper_base)["notes"]["native"]     # the MLP on the native Q8_0 kernels, where they load
+    mlp = {n.op_type for n in nodes if "/mlp/" in n.name and "MatMul" in n.name}
+    assert mlp == ({"GgufMatMul"} if native.startswith("q8_0: 13 matrices") else {"MatMulNBits"}), (native, mlp)
     assert quality["wer"] is not None and quality["wer"] <= 0.10     # measured at import, in the manifest
     text = " ".join(phrases())                                         # 12 sentences, ~40 s: two windows
     audio = speech_wav(text, tmp_path / "phrases.wav")

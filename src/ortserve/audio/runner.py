@@ -8,7 +8,9 @@ the step needs: measured at load 17 on 2 cores, a step took 39.6 ms spinning and
 ``engine/runtime.py`` decides for chat), the encoder's cross-attention keys and values stay bound to
 the decoder for the whole window (no copy per step) and are reused by a temperature fallback, and
 the self-attention cache passes from one step to the next as ONNX Runtime values, never through
-numpy. The kernels, and so the logits, are ONNX Runtime's own either way.
+numpy. The kernels, and so the logits, are ONNX Runtime's own either way (and the native Q8_0
+kernels' where the import moved the MLP and the LM head onto them: the sessions register the
+library the folder's ``genai_config.json`` names, as og does).
 """
 
 from __future__ import annotations
@@ -31,10 +33,26 @@ def spinning_wanted(setting: bool | str = "auto", load: float | None = None, cor
     return bool(load < 0.5 * (cores or os.cpu_count() or 1))
 
 
+def custom_ops_library(model_dir: Path, part: str) -> Path | None:
+    """The custom-op library ``genai_config.json`` names for ``part`` (encoder or decoder): the
+    native kernels the import copied into the folder (models/whisper_graph.native_q8), or None."""
+    import json
+
+    try:
+        config = json.loads((Path(model_dir) / "genai_config.json").read_text(encoding="utf-8"))
+        name = config["model"][part].get("session_options", {}).get("custom_ops_library")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return (Path(model_dir) / name).resolve() if isinstance(name, str) and name else None
+
+
 def session(path: Path, threads: int, spin: bool) -> Any:
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
+    library = custom_ops_library(path.parent, path.stem)
+    if library is not None:
+        opts.register_custom_ops_library(str(library))
     opts.add_session_config_entry("session.model_external_initializers_file_folder_path", str(path.parent))
     opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
     if threads > 0:

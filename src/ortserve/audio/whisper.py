@@ -111,9 +111,10 @@ class WhisperModel:
         side = self.dir / SIDE_FILE
         notes = json.loads(side.read_text(encoding="utf-8")) if side.is_file() else {}
         config = og.Config(str(self.dir))
-        if threads > 0:
-            opts = {"session_options": {"intra_op_num_threads": threads}}
-            config.overlay(json.dumps({"model": {"encoder": opts, "decoder": opts}}))
+        if threads > 0:   # an overlay's session_options replace the part's own: keep its custom-op library
+            config.overlay(json.dumps({"model": {part: {"session_options": {
+                "intra_op_num_threads": threads, **{k: v for k, v in cfg["model"][part].get("session_options", {}).items()
+                                                    if k == "custom_ops_library"}}} for part in ("encoder", "decoder")}}))
         self.model = og.Model(config)
         self.processor = self.model.create_multimodal_processor()
         self.tokenizer = og.Tokenizer(self.model)

