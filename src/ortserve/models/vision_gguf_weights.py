@@ -165,13 +165,14 @@ def write_safetensors(outs: list[Out], path: Path, progress: Callable[[str], Non
     blob += b" " * (-len(blob) % 8)
     with path.open("wb") as f:
         f.write(struct.pack("<Q", len(blob)) + blob)
-        for i, w in enumerate(_made(outs)):
+        for i, w in enumerate(made(outs)):
             f.write(np.ascontiguousarray(w, dtype="<f4").tobytes())
             if progress and i % 64 == 63:
                 progress(f"wrote {i + 1} of {len(outs)} tensors")
 
 
-def _made(outs: list[Out]) -> Iterator[np.ndarray]:
+def made(outs: list[Out]) -> Iterator[np.ndarray]:
+    """Each planned tensor's float32 values, in order, checked against its planned shape."""
     for o in outs:
         w = o.join([values(t, file) for t, file in o.parts])
         if w.shape != o.shape:   # a file whose pieces disagree (a q of one width, a k of another)
