@@ -112,6 +112,13 @@ def test_text_routes_run_on_it_and_it_stays_pinned(url: str) -> None:
     assert bare.status_code == named.status_code == 200, named.text
     assert bare.json()["choices"][0]["text"] == named.json()["choices"][0]["text"]
     assert post(url, "/tokenize", {"content": "Once upon"}).json()["count"] >= 1
+    count = post(url, "/v1/messages/count_tokens", {"model": SERVED, "messages": [{"role": "user", "content": "Hi"}]})
+    assert count.status_code == 200 and count.json()["input_tokens"] > 1
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                         "data": base64.b64encode(png()).decode()}}
+    count = post(url, "/v1/messages/count_tokens", {"model": SERVED, "messages": [{"role": "user", "content": [image]}]})
+    assert count.status_code == 400 and "counting the tokens of images" in count.json()["error"]["message"]
+    assert count.json()["error"]["message"].startswith("'messages.0.content.0.source.data'")
     r = post(url, "/v1/admin/unload", {"model": SERVED})
     assert r.status_code == 400 and r.json()["error"]["code"] == "model_pinned"
     page = httpx.get(url + "/", timeout=30)

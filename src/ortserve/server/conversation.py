@@ -34,7 +34,7 @@ from ortserve.server.protocol import _Sampling
 from ortserve.server.service import collect, engine_error, submit_n
 from ortserve.server.sse import merge
 from ortserve.server.state import ServerState
-from ortserve.server.vision import start_vision
+from ortserve.server.vision import image_params, start_vision
 from ortserve.types import Metrics
 
 
@@ -172,6 +172,9 @@ def prompt_plan(engine: AsyncEngine, turn: ChatTurn) -> tuple[ToolPlan | None, A
 async def count_prompt(st: ServerState, turn: ChatTurn) -> int:
     """The prompt tokens the turn would submit (its usage's prompt_tokens), without running it: the
     one count behind count_tokens, /v1/responses/input_tokens and /tokenize's ``messages``."""
+    if images := image_params(turn.messages):   # the image tokens depend on each image's size: not counted yet
+        raise InvalidRequest(f"'{images[0]}': counting the tokens of images is not served yet (docs/vision.md)",
+                             param=images[0], code="images_not_counted")
     engine = await st.engine_for(turn.model, turn.keep_alive)
     try:
         plan, _, thinking, _ = prompt_plan(engine, turn)
