@@ -158,7 +158,7 @@ def test_matmul_equals_reference(lib: ctypes.CDLL, isa: str, t: int, m: int) -> 
 @pytest.mark.parametrize("t", TYPES, ids=lambda t: ref.NAMES[t])
 @pytest.mark.parametrize("m", [9, 17, 35, 67])
 def test_many_rows_equal_reference(lib: ctypes.CDLL, isa: str, t: int, m: int) -> None:
-    """More than 8 activation rows (the packed gemms: AVX-512, tiles of 8 rows, Q6_K from 32; AVX2,
+    """More than 8 activation rows (the packed gemms: AVX-512, tiles of 8 rows, every type from 9; AVX2,
     tiles of 4 rows by half a panel): tiles and a remainder, a row range that starts and ends inside a
     panel of 16 weight rows (and inside its halves), ldy wider than N."""
     rng = np.random.default_rng(3000 * t + m)

@@ -145,10 +145,6 @@ V512 static void tile_32(const void *P, int64_t nb, const uint8_t *a, size_t as,
  * then takes the row path. */
 static int gemm(int t, int64_t nb, const void *w, size_t rb, const void *xq, size_t ab, int64_t m_rows, float *y,
                 int64_t ldy, int64_t n0, int64_t n1) {
-    /* Q6_K's panel takes 53 gathers a block (Q4_K 36): below 32 rows the row path is faster when
-     * the weight is past the cache (one thread, K=2048, N=8192: M=16 98 against 141 GFLOP/s;
-     * M=32 148 against 144) */
-    if (t == OSG_Q6_K && m_rows < 32) return 0;
     int k256 = t == OSG_Q4_K || t == OSG_Q5_K || t == OSG_Q6_K;
     void *panel = osg_panel((size_t)nb * (k256 ? sizeof(osg_pk256) : sizeof(osg_pk32)));
     if (panel == NULL) return 0;

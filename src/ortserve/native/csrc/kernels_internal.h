@@ -88,7 +88,9 @@ typedef void (*osg_quant_fn)(const float *x, void *xq, int64_t k);
 typedef int (*osg_gemm_fn)(int t, int64_t nb, const void *w, size_t rb, const void *xq, size_t ab, int64_t m_rows,
                            float *y, int64_t ldy, int64_t n0, int64_t n1);
 /* osg_matmul_rows hands calls with more activation rows than this to the gemm entry */
+#ifndef OSG_GEMM_MIN_M
 #define OSG_GEMM_MIN_M 8
+#endif
 
 typedef struct {
     osg_dot_fn dot[OSG_NTYPES];          /* by ggml type id; NULL falls back to the scalar entry */
