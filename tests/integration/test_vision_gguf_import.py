@@ -199,3 +199,35 @@ def test_a_half_alone_a_mismatch_or_another_projector_is_refused_naming_the_file
     assert store.variants() == []   # nothing half-installed
     with pytest.raises(StoreError, match="already installed from hf:"):   # another source under that id
         import_gguf_pair(pair["store"], text, mmproj, "hf-vl")
+
+
+def test_float_and_quantized_tensors_are_read_exactly(tmp_path: Path) -> None:
+    """values(): F16 and BF16 widened exactly, Q8_0 and Q4_K dequantized as the project's own numpy
+    dequantizer (native/reference.py, written apart from gguf-py) reads the same blocks."""
+    import gguf
+    import torch
+
+    from ortserve.models.gguf_open import open_reader
+    from ortserve.models.vision_gguf_weights import values
+    from ortserve.native import reference
+
+    w = np.random.default_rng(0).normal(0, 0.1, (8, 256)).astype(np.float32)
+    q = gguf.GGMLQuantizationType
+    rng = np.random.default_rng(1)   # Q4_K blocks (gguf-py cannot make them): random codes, fp16 scales set
+    q4k = rng.integers(0, 256, (8, 144), dtype=np.uint8)
+    q4k[:, 0:4] = np.array([[0.01, 0.003]], np.float16).view(np.uint8)
+    blocks = {"f16": gguf.quants.quantize(w, q.F16), "bf16": gguf.quants.quantize(w, q.BF16),
+              "q8_0": gguf.quants.quantize(w, q.Q8_0), "q4_k": q4k}
+    writer = gguf.GGUFWriter(str(tmp_path / "t.gguf"), "qwen2vl")
+    for name, kind in {"f16": q.F16, "bf16": q.BF16, "q8_0": q.Q8_0, "q4_k": q.Q4_K}.items():
+        writer.add_tensor(name, blocks[name], raw_dtype=kind)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    got = {t.name: values(t, "t.gguf") for t in open_reader(tmp_path / "t.gguf").tensors}
+    assert np.array_equal(got["f16"], w.astype(np.float16).astype(np.float32))
+    assert np.array_equal(got["bf16"], torch.from_numpy(w).bfloat16().float().numpy())   # round to nearest even
+    assert np.array_equal(got["q8_0"], reference.dequantize(reference.Q8_0, blocks["q8_0"], 256))
+    assert np.array_equal(got["q4_k"], reference.dequantize(reference.Q4_K, blocks["q4_k"], 256))
+    assert all(v.shape == (8, 256) and v.dtype == np.float32 for v in got.values())
