@@ -54,8 +54,11 @@ def _meta(path: Path) -> dict[str, Any]:
 
 def refuse_half(path: Path) -> None:
     """A text GGUF of a vision model given alone, or an mmproj given as the model: a ModelError
-    saying what to do. Anything else passes."""
-    arch = str(_meta(path).get("general.architecture", ""))
+    saying what to do. Anything else passes (an unreadable file too: the GGUF import's own checks say why)."""
+    try:
+        arch = str(_meta(path).get("general.architecture", ""))
+    except ModelError:
+        return
     if arch == TEXT_ARCH:
         raise ModelError(f"{path.name} is the text half of a Qwen2-VL/Qwen2.5-VL model (architecture {TEXT_ARCH}); "
                          "it needs its vision projector",
