@@ -127,3 +127,15 @@ def test_text_routes_run_on_it_and_it_stays_pinned(url: str) -> None:
     ps = httpx.get(url + "/v1/admin/ps", timeout=30).json()["models"]
     assert [(r["model"], r["pinned"]) for r in ps] == [(SERVED, True)]   # still the one engine, nothing else loaded
     assert ps[0]["requests"] >= 8
+
+
+def test_serve_refuses_a_draft_model_beside_a_vision_start_model(tiny_vl: tuple[Path, Path, Variant]) -> None:
+    """Speculation is off on vision rows: a --draft-model would be taken and ignored, so serve stops
+    with a one-line error naming the option before loading anything."""
+    from click.testing import CliRunner
+
+    from ortserve.cli.main import cli
+
+    res = CliRunner().invoke(cli, ["serve", "--model", "tiny-vl", "--draft-model", "default", "--port", "0"],
+                             env={"ORTSERVE_HOME": str(tiny_vl[1])})
+    assert res.exit_code == 1 and "--draft-model" in res.output and "vision model" in res.output, res.output

@@ -67,6 +67,11 @@ def serve(**kwargs: Any) -> None:
     from ortserve.server.run import serve as run
 
     model_dir, model_id = resolve_model_dir(settings.model, settings, progress_printer())
+    from ortserve.server.vision_pinned import is_vision_dir
+
+    if settings.draft_model and is_vision_dir(model_dir):   # never a setting taken and ignored
+        fail(f"--draft-model / ORTSERVE_DRAFT_MODEL: {model_id} is a vision model, and speculation is off on its "
+             "image and text rows (docs/vision.md); start it without a draft model")
     if settings.draft_model:  # a wrong id or another vocabulary: say so now, not in /healthz
         from ortserve.engine.draft import check_vocabulary
         from ortserve.server.engine_loader import draft_of
