@@ -197,6 +197,19 @@ def test_a_half_alone_a_mismatch_or_another_projector_is_refused_naming_the_file
         said = str(err.value) + " " + (err.value.hint or "")
         assert all(s in said for s in says), said
     assert store.variants() == []   # nothing half-installed
+    from click.testing import CliRunner
+
+    from ortserve.cli.main import cli
+
+    with pytest.MonkeyPatch.context() as mp:   # the same through the command line
+        mp.setenv("ORTSERVE_HOME", str(tmp_path))
+        alone = CliRunner().invoke(cli, ["models", "import", str(text)])
+        requant = CliRunner().invoke(cli, ["models", "import", str(text), "--mmproj", str(mmproj), "--requantize", "int8"])
+        folder = CliRunner().invoke(cli, ["models", "import", str(text), "--mmproj", str(tmp_path)])
+    assert alone.exit_code == 1 and "text.gguf is the text half" in alone.output and "--mmproj" in alone.output
+    assert requant.exit_code == 2 and "drop --link, --requantize" in requant.output
+    assert folder.exit_code == 1 and f"{tmp_path} is not a GGUF file" in folder.output
+    assert store.variants() == []
     with pytest.raises(StoreError, match="already installed from hf:"):   # another source under that id
         import_gguf_pair(pair["store"], text, mmproj, "hf-vl")
 

@@ -46,7 +46,8 @@ def _meta(path: Path) -> dict[str, Any]:
     from ortserve.models.validate import gguf_metadata, has_gguf_magic
 
     if not path.is_file():
-        raise ModelError(f"{path} does not exist", hint="check the path")
+        raise ModelError(f"{path} is not a GGUF file" if path.exists() else f"{path} does not exist",
+                         hint="check the path")
     if not has_gguf_magic(path):
         raise ModelError(f"{path.name} is not a GGUF file")
     return gguf_metadata(path)
