@@ -197,6 +197,11 @@ def test_a_half_alone_a_mismatch_or_another_projector_is_refused_naming_the_file
         said = str(err.value) + " " + (err.value.hint or "")
         assert all(s in said for s in says), said
     assert store.variants() == []   # nothing half-installed
+    from ortserve.errors import StorageFull
+    from ortserve.models.vision_gguf import room
+
+    with pytest.raises(StorageFull, match=r"needs about 2000000000\.0 GB free under"):   # before any write
+        room(tmp_path, 10**18)
     from click.testing import CliRunner
 
     from ortserve.cli.main import cli

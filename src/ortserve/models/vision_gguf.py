@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from ortserve.errors import ModelError, StoreError
+from ortserve.errors import ModelError, StorageFull, StoreError
 from ortserve.models.store import ModelStore, Variant, sha256_file, validate_name
 from ortserve.models.variants import Progress
 
@@ -189,6 +189,7 @@ def rebuild_hf(text: Path, mmproj: Path, out: Path, progress: Progress | None = 
         except (ValueError, OSError) as exc:
             raise ModelError(f"{path.name} is truncated or corrupt: {exc}", hint="re-download the file") from exc
     outs = plan(readers[0], text.name, readers[1], mmproj.name)
+    room(out.parent, sum(4 * int(np.prod(o.shape, dtype=np.int64)) for o in outs))
     shapes = {o.name: o.shape for o in outs}
     rows = shapes["model.embed_tokens.weight"][0]
     out.mkdir(parents=True, exist_ok=True)
@@ -202,6 +203,16 @@ def rebuild_hf(text: Path, mmproj: Path, out: Path, progress: Progress | None = 
     say(f"writing {len(outs)} tensors as a Hugging Face Qwen2.5-VL (float32)")
     write_safetensors(outs, out / "model.safetensors", say)
     return {"tensor_types": types(outs), "tensors": len(outs), "projector_type": str(vm["clip.projector_type"])}
+
+
+def room(where: Path, f32_bytes: int) -> None:
+    """Refuse before writing when the disk cannot hold the float32 weights twice (the rebuilt
+    safetensors and the exported graphs, side by side until the scratch folder goes)."""
+    free = shutil.disk_usage(where).free
+    if free < 2 * f32_bytes:
+        raise StorageFull(f"importing this pair needs about {2 * f32_bytes / 1e9:.1f} GB free under {where} "
+                          f"(its weights in float32, twice); {free / 1e9:.1f} GB is free",
+                          param="model", hint="free space there or point ORTSERVE_HOME at a bigger disk")
 
 
 def _file(path: Path) -> dict[str, Any]:
