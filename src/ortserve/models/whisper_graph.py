@@ -141,7 +141,8 @@ def q8_0_rows(q: np.ndarray, scales: np.ndarray) -> np.ndarray | None:
     if block != 32:
         return None
     s = scales.reshape(n, blocks).astype(np.float32)
-    d = s.astype(np.float16)
+    with np.errstate(over="ignore"):     # a scale past fp16's range becomes inf: refused just below
+        d = s.astype(np.float16)
     if not np.all(np.isfinite(d)) or np.any(np.abs(d.astype(np.float32) - s) > np.maximum(np.abs(s) * 2.0 ** -11, 2.0 ** -25)):
         return None
     qs = (q.astype(np.int16) - 128).astype(np.int8)
