@@ -23,6 +23,7 @@ from typing import Any
 from ortserve.engine.embeds_runner import EmbedsEngine, EmbedsModel
 from ortserve.engine.engine import RequestHandle
 from ortserve.engine.formats import Tool
+from ortserve.engine.runtime import session_options
 from ortserve.engine.tokenizer import TextCodec
 from ortserve.errors import InvalidRequest, ModelError
 from ortserve.server.service import submit_n
@@ -48,8 +49,11 @@ class VisionEngine:
         gc = json.loads((self.dir / "genai_config.json").read_text(encoding="utf-8"))["model"]
         vis, emb = gc["vision"], gc["embedding"]
         self.image_token_id = int(gc.get("image_token_id", notes.get("image_token_id", 151655)))
+        # the engine's threads and spinning: onnxruntime's defaults (every core, spinning) ignored
+        # --intra-op-threads and took the cores a loaded machine's other work needs
         self.encoder = Encoder(self.dir / vis["filename"], vis.get("inputs", {}),
-                               vis.get("outputs", {}).get("image_features", "image_features"))
+                               vis.get("outputs", {}).get("image_features", "image_features"),
+                               options=session_options(settings))
         self.pre: Any
         if self.family == "mistral3":   # vision/mistral.py: Pixtral's pixels, [IMG] rows, 1-D positions
             self.pre = mistral.Preprocess.from_config(notes.get("preprocess", {}))

@@ -43,10 +43,12 @@ def passthrough_graph(names: dict[str, str], out: str, width: int, merge: int) -
 class Encoder:
     """The real vision graph and the feature cache (least recently used out, past ``max_bytes``)."""
 
-    def __init__(self, path: Path, names: dict[str, str], out: str, max_bytes: int = 256 << 20) -> None:
+    def __init__(self, path: Path, names: dict[str, str], out: str, max_bytes: int = 256 << 20,
+                 options: Any = None) -> None:
+        """``options``: onnxruntime SessionOptions (the server's threads and spinning); None: onnxruntime's own."""
         import onnxruntime as ort
 
-        self.session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         self.names, self.out = names, out
         self.max_bytes = max_bytes
         self.cache: OrderedDict[str, np.ndarray] = OrderedDict()
