@@ -50,7 +50,7 @@ def main() -> None:
     from ortserve.audio.whisper import Options, Transcript, WhisperModel
     from ortserve.config import load_settings
     from ortserve.models.store import ModelStore
-    from ortserve.models.whisper_import import import_packaged, packaged_dir
+    from ortserve.models.whisper.importer import import_packaged, packaged_dir
 
     variant = import_packaged(ModelStore(load_settings().store_dir))
     said = speech.phrases()

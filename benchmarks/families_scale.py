@@ -167,7 +167,7 @@ def main() -> None:
         out = work / f"{gguf_file.stem}.onnx"
         if not args.no_convert or not (out / "genai_config.json").is_file():
             shutil.rmtree(out, ignore_errors=True)
-            code = ("import sys; from pathlib import Path; from ortserve.models.gguf_fast import import_gguf_streamed;"
+            code = ("import sys; from pathlib import Path; from ortserve.models.gguf.fast import import_gguf_streamed;"
                     "print(import_gguf_streamed(Path(sys.argv[1]), Path(sys.argv[2]), smoke=False))")
             run["convert"] = run_measured([sys.executable, "-c", code, str(gguf_file), str(out)])
             run["convert"]["rss_vs_file"] = round(run["convert"]["peak_rss_gb"] * 1e9 / size, 2)

@@ -120,7 +120,7 @@ def speed(runners: dict[str, Callable[[list[int], int], tuple[float, float]]], p
 
 
 def quality(model_dir: Path, ref_dir: Path) -> dict[str, Any]:
-    from ortserve.models.gguf_exact import with_accuracy_level
+    from ortserve.models.gguf.exact import with_accuracy_level
     from ortserve.models.quality import perplexity
 
     ref = perplexity(ref_dir)["perplexity"]
@@ -168,7 +168,7 @@ def main() -> None:
         return
 
     from ortserve.models.catalog import embedded_gguf
-    from ortserve.models.gguf_exact import import_gguf_exact
+    from ortserve.models.gguf.exact import import_gguf_exact
 
     gguf = (args.gguf or embedded_gguf()).resolve()
     work = args.work or Path(tempfile.mkdtemp(prefix="ortserve-gguf-bench-"))

@@ -5,7 +5,7 @@
 One Q4_1-like linear (random 4-bit codes, fp16 block minimums) written four ways, ``--layers``
 of them in a row per graph, each at accuracy_level 0 (fp32 compute) and 4 (int8 activations):
 
-- ``term``: MatMulNBits + block sums of x @ offsets + Add (what models/gguf_exact.py ships);
+- ``term``: MatMulNBits + block sums of x @ offsets + Add (what models/gguf/exact.py ships);
 - ``float_zp``: MatMulNBits with float zero points ``-m/d`` (exact, one node);
 - ``uint8_zp``: MatMulNBits with integer zero points (fast path; Q4_1 minimums are not integer
   multiples of the scale, so not exact: timing only);

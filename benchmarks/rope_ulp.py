@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 from _common import emit, machine
 
-from ortserve.models import gguf_fast
 from ortserve.models.catalog import embedded_gguf
+from ortserve.models.gguf import fast as gguf_fast
 from ortserve.models.gguf_check import with_accuracy_level
 from ortserve.models.importer import import_gguf
 from ortserve.models.quality import perplexity
@@ -50,7 +50,7 @@ def caches(model_dir: Path) -> dict[str, np.ndarray]:
 def rope_theta() -> float:
     from gguf import GGUFReader
 
-    from ortserve.models.gguf_reader import _field
+    from ortserve.models.gguf.reader import _field
 
     return float(_field(GGUFReader(str(embedded_gguf())), "llama.rope.freq_base", 10000.0))
 

@@ -276,7 +276,7 @@ def main() -> None:
         size = gguf_file.stat().st_size
         run: dict[str, Any] = {"type": qtype, "gguf_gb": round(size / 1e9, 3)}
         out = work / f"{args.shape}.{qtype}.onnx"
-        code = ("import sys; from pathlib import Path; from ortserve.models.gguf_fast import import_gguf_streamed;"
+        code = ("import sys; from pathlib import Path; from ortserve.models.gguf.fast import import_gguf_streamed;"
                 "print(import_gguf_streamed(Path(sys.argv[1]), Path(sys.argv[2]), smoke=False))")
         if not args.no_convert or not out.is_dir():
             shutil.rmtree(out, ignore_errors=True)

@@ -41,8 +41,8 @@ def dir_size(path: Path) -> int:
 
 
 def build_exact(hf: Path, work: Path) -> tuple[str, Path]:
-    """The GGUF's own blocks mapped onto MatMulNBits (issue 10, models/gguf_exact.py)."""
-    from ortserve.models import gguf_exact
+    """The GGUF's own blocks mapped onto MatMulNBits (issue 10, models/gguf/exact.py)."""
+    from ortserve.models.gguf import exact as gguf_exact
 
     gguf = embedded_gguf()
     name = variant_name(gguf_exact.exact_precision(gguf_exact.preflight(gguf)), "cpu")

@@ -99,7 +99,7 @@ def whisper_base() -> Path:
 
     from ortserve.config import load_settings
     from ortserve.models.store import ModelStore
-    from ortserve.models.whisper_import import import_packaged
+    from ortserve.models.whisper.importer import import_packaged
 
     ensure_espeak()
     return import_packaged(ModelStore(load_settings().store_dir)).path

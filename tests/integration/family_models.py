@@ -53,7 +53,7 @@ def imported_family(name: str) -> Path:
 
     from tests.llamacpp import cache_dir
 
-    from ortserve.models.gguf_fast import import_gguf_streamed
+    from ortserve.models.gguf.fast import import_gguf_streamed
 
     out = cache_dir() / "families" / _key() / name
     if (out / "genai_config.json").is_file():

@@ -13,7 +13,7 @@ pytest.importorskip("gguf")
 from tests.integration.test_gguf_stream import Q4_K_M, write
 from tests.integration.test_speed_benchmarks import bench
 
-from ortserve.models.gguf_fast import import_gguf_streamed
+from ortserve.models.gguf.fast import import_gguf_streamed
 
 # bytes per weight: the GGUF's blocks, and ortserve's initializers (fp32 scale per block; Q4_K:
 # 4-bit codes + fp32 minimum per 32; Q6_K: 8-bit codes, a scale per 16)

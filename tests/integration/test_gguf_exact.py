@@ -16,8 +16,8 @@ gguf = pytest.importorskip("gguf")
 
 from tests.llamacpp import source_reader
 
-from ortserve.models.gguf_exact import LOGIT_TOL, import_gguf_exact, logit_check
-from ortserve.models.gguf_reader import UnsupportedBlockType
+from ortserve.models.gguf.exact import LOGIT_TOL, import_gguf_exact, logit_check
+from ortserve.models.gguf.reader import UnsupportedBlockType
 
 Q = gguf.GGMLQuantizationType
 HIDDEN, FFN, LAYERS, HEADS, KV_HEADS = 256, 512, 2, 4, 2

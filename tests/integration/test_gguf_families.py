@@ -1,4 +1,4 @@
-"""Phi-3/Phi-4-mini and Gemma 2/3 through the streamed GGUF import (models/gguf_families.py)
+"""Phi-3/Phi-4-mini and Gemma 2/3 through the streamed GGUF import (models/gguf/families.py)
 against an independent numpy forward pass of gguf's own dequantized weights.
 
 The files are small random GGUFs with each family's real tensor names and metadata keys (as
@@ -24,9 +24,9 @@ from tests.integration.test_gguf_exact import quantized_bytes
 from tests.integration.test_gguf_stream import og_greedy, tensor_reads
 
 from ortserve.errors import ModelError
+from ortserve.models.gguf.fast import import_gguf_streamed, streamable
+from ortserve.models.gguf.reader import preflight
 from ortserve.models.gguf_check import logits as onnx_logits
-from ortserve.models.gguf_fast import import_gguf_streamed, streamable
-from ortserve.models.gguf_reader import preflight
 
 Q = gguf.GGMLQuantizationType
 HIDDEN, FFN, LAYERS, CONTEXT = 256, 512, 2, 64

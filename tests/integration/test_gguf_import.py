@@ -22,8 +22,9 @@ def test_default_gguf_import_is_exact(tmp_path: Path, monkeypatch: pytest.Monkey
     """A small file goes through the builder's graph; one of STREAM_MIN_BYTES or more (here: any)
     through the graph written from its metadata, blocks streamed (test_gguf_stream.py checks it);
     any size on the GGUF-native kernels where they are active (test_gguf_native_import.py)."""
-    from ortserve.models import gate_segments, gguf_fast
-    from ortserve.models.gguf_native import plan
+    from ortserve.models import gate_segments
+    from ortserve.models.gguf import fast as gguf_fast
+    from ortserve.models.gguf.native import plan
 
     streamed = path != "builder"
     if path == "native" and not plan().use:

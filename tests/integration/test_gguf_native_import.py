@@ -1,4 +1,4 @@
-"""The exact GGUF import on ortserve's GGUF-native kernels (models/gguf_native.py, issue 41).
+"""The exact GGUF import on ortserve's GGUF-native kernels (models/gguf/native.py, issue 41).
 
 Where the native library is active, the graph holds ``GgufMatMul``/``GgufGather`` on the file's
 own rows (the initializers' bytes are the file's tensor bytes) and no MatMulNBits; with the
@@ -35,12 +35,12 @@ from tests.integration.test_gguf_stream import (
 from ortserve.engine.lora import Adapter
 from ortserve.engine.runner import ModelSpec, Runner
 from ortserve.models.catalog import embedded_gguf
+from ortserve.models.gguf.exact import gguf_tensor_names
+from ortserve.models.gguf.fast import import_gguf_streamed
+from ortserve.models.gguf.native import plan
+from ortserve.models.gguf.native_import import SHIPPED_FACTOR, kernels_stale, logit_check, try_native
+from ortserve.models.gguf.reader import GGUFWeights
 from ortserve.models.gguf_check import logits
-from ortserve.models.gguf_exact import gguf_tensor_names
-from ortserve.models.gguf_fast import import_gguf_streamed
-from ortserve.models.gguf_native import plan
-from ortserve.models.gguf_native_import import SHIPPED_FACTOR, kernels_stale, logit_check, try_native
-from ortserve.models.gguf_reader import GGUFWeights
 
 NATIVE = plan()
 pytestmark = pytest.mark.skipif(not NATIVE.use, reason=f"GGUF-native kernels not active: {NATIVE.reason}")
@@ -103,7 +103,7 @@ NATIVE_CASES = {
 
 @pytest.mark.parametrize("case", sorted(NATIVE_CASES))
 def test_native_graph_reads_the_files_rows(tmp_path: Path, case: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from ortserve.models import gguf_fast
+    from ortserve.models.gguf import fast as gguf_fast
 
     monkeypatch.setattr(gguf_fast, "write_tokenizer", lambda *a: [])   # graphs only: no tokenizer conversion
     arch, types, opts = NATIVE_CASES[case]
@@ -144,7 +144,7 @@ def smollm2(default_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Si
     re-imports a MatMulNBits variant once they are) and, beside it, the streamed MatMulNBits graph of
     the same GGUF written with the library switched off."""
     mnb = tmp_path_factory.mktemp("native-off") / "model"
-    from ortserve.models import gguf_fast
+    from ortserve.models.gguf import fast as gguf_fast
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("ORTSERVE_NATIVE", "0")
@@ -288,8 +288,8 @@ def test_a_wrong_native_graph_is_refused_and_todays_graph_written(tmp_path: Path
     """The import's check is what stands between a kernel or layout error and a shipped model: with
     llama.cpp's Q/K row order left as the file has it (a plausible layout slip), try_native refuses the
     native graph, says why, and leaves the directory empty for today's graph."""
-    from ortserve.models import gguf_fast
-    from ortserve.models.gguf_native import NativeOps
+    from ortserve.models.gguf import fast as gguf_fast
+    from ortserve.models.gguf.native import NativeOps
 
     monkeypatch.setattr(gguf_fast, "write_tokenizer", lambda *a: [])
     real = NativeOps.raw

@@ -1,4 +1,4 @@
-"""The streamed GGUF import (graph from metadata, blocks streamed: models/gguf_fast.py) against
+"""The streamed GGUF import (graph from metadata, blocks streamed: models/gguf/fast.py) against
 an independent numpy forward pass of gguf's own dequantized weights, per architecture.
 
 The reference works in the file's own conventions (llama.cpp's interleaved RoPE on the
@@ -22,8 +22,8 @@ from tests.integration.test_gguf_exact import quantized_bytes
 from tests.llamacpp import source_reader
 
 from ortserve.errors import ModelError
+from ortserve.models.gguf.fast import import_gguf_streamed
 from ortserve.models.gguf_check import with_accuracy_level
-from ortserve.models.gguf_fast import import_gguf_streamed
 
 Q = gguf.GGMLQuantizationType
 HIDDEN, FFN, LAYERS, HEADS, KV, HEAD_DIM = 256, 512, 2, 4, 2, 64
@@ -236,8 +236,8 @@ def tensor_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The tensors whose data an import decodes from here on (ours: GGUFWeights.form/dense and the
     streamed chunks). "Refused in seconds" is checked as this decision, an empty list, never as a
     duration: a loaded machine takes longer to read a header, not a different path."""
-    from ortserve.models import gguf_stream
-    from ortserve.models.gguf_reader import GGUFWeights
+    from ortserve.models.gguf import stream as gguf_stream
+    from ortserve.models.gguf.reader import GGUFWeights
 
     reads: list[str] = []
     for owner, attr in ((GGUFWeights, "form"), (GGUFWeights, "dense"), (gguf_stream, "form_chunks"),

@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ortserve.models import gate_segments, gguf_fast, quality
+from ortserve.models import gate_segments, quality
+from ortserve.models.gguf import fast as gguf_fast
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ pytest.importorskip("gguf")
 from tests.integration.test_gguf_stream import Q4_K_M, write
 from tests.integration.test_speed_benchmarks import bench
 
-from ortserve.models.gguf_fast import import_gguf_streamed
+from ortserve.models.gguf.fast import import_gguf_streamed
 
 HEAD = "lm_head MatMulNBits 8-bit block 16 (no zero points)"
 

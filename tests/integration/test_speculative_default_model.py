@@ -34,7 +34,7 @@ def level0(default_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
     # the same file's MatMulNBits graph has
     if custom_ops_library(default_model) is not None:
         from ortserve.models.catalog import embedded_gguf
-        from ortserve.models.gguf_fast import import_gguf_streamed
+        from ortserve.models.gguf.fast import import_gguf_streamed
 
         src = tmp_path_factory.mktemp("smollm2-matmulnbits") / "model"
         import_gguf_streamed(embedded_gguf(), src, smoke=False)

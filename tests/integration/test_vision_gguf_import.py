@@ -79,7 +79,7 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     from click.testing import CliRunner
 
     from ortserve.cli.main import cli
-    from ortserve.models.vision_import import import_vision
+    from ortserve.models.vision.importer import import_vision
 
     root = tmp_path_factory.mktemp("gguf-vl")
     hf = build_material(root / "hf")
@@ -114,8 +114,8 @@ def test_the_pair_is_a_vision_model_recording_both_files(pair: dict[str, Any]) -
 def test_the_rebuilt_weights_are_the_hugging_face_weights_bit_for_bit(pair: dict[str, Any]) -> None:
     from safetensors import safe_open
 
-    from ortserve.models.gguf_open import open_reader
-    from ortserve.models.vision_gguf_weights import made, plan
+    from ortserve.models.gguf.opening import open_reader
+    from ortserve.models.vision.pair_weights import made, plan
 
     outs = plan(open_reader(pair["text"]), "text.gguf", open_reader(pair["mmproj"]), "mmproj.gguf")
     with safe_open(str(pair["hf"] / "model.safetensors"), "np") as ref:
@@ -176,7 +176,7 @@ def fake_gguf(path: Path, arch: str, **meta: Any) -> Path:
 def test_a_half_alone_a_mismatch_or_another_projector_is_refused_naming_the_file(pair: dict[str, Any],
                                                                                   tmp_path: Path) -> None:
     from ortserve.models.importer import import_path
-    from ortserve.models.vision_gguf import import_gguf_pair
+    from ortserve.models.vision.pair import import_gguf_pair
 
     store = ModelStore(tmp_path / "models")
     text, mmproj = pair["text"], pair["mmproj"]
@@ -198,7 +198,7 @@ def test_a_half_alone_a_mismatch_or_another_projector_is_refused_naming_the_file
         assert all(s in said for s in says), said
     assert store.variants() == []   # nothing half-installed
     from ortserve.errors import StorageFull
-    from ortserve.models.vision_gguf import room
+    from ortserve.models.vision.pair import room
 
     with pytest.raises(StorageFull, match=r"needs about 2000000000\.0 GB free under"):   # before any write
         room(tmp_path, 10**18)
@@ -225,8 +225,8 @@ def test_float_and_quantized_tensors_are_read_exactly(tmp_path: Path) -> None:
     import gguf
     import torch
 
-    from ortserve.models.gguf_open import open_reader
-    from ortserve.models.vision_gguf_weights import values
+    from ortserve.models.gguf.opening import open_reader
+    from ortserve.models.vision.pair_weights import values
     from ortserve.native import reference
 
     w = np.random.default_rng(0).normal(0, 0.1, (8, 256)).astype(np.float32)

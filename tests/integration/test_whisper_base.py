@@ -28,7 +28,7 @@ def test_whisper_base_transcribes_espeak_sentences(whisper_base: Path, client: o
     import onnx
     from tests.audio_material import manifest
 
-    from ortserve.models.whisper_import import encoder_note
+    from ortserve.models.whisper.importer import encoder_note
 
     quality = manifest(whisper_base)["quality"]
     assert manifest(whisper_base)["notes"]["encoder"] == encoder_note("int8")   # an older import is redone

@@ -76,7 +76,7 @@ def test_tidy_cuts_a_word_that_lingers_over_a_pause() -> None:
 def test_the_import_records_the_alignment_heads(tmp_path) -> None:
     import json
 
-    from ortserve.models.whisper_import import alignment_heads
+    from ortserve.models.whisper.importer import alignment_heads
 
     assert alignment_heads(tmp_path, {"alignment_heads": [[3, 1], [5, 6]]}) == [[3, 1], [5, 6]]   # CTranslate2's
     assert alignment_heads(tmp_path, {}) == []                                                    # none known

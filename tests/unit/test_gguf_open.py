@@ -1,4 +1,4 @@
-"""models/gguf_open.py: the import's GGUF reader skips long metadata arrays and nothing else.
+"""models/gguf/opening.py: the import's GGUF reader skips long metadata arrays and nothing else.
 
 Compared field by field and tensor by tensor with gguf's own reader: on a written file with long
 arrays of every kind next to short ones, and on a real tokenizer file from llama.cpp's source.
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from tests.llamacpp import vocab
 
-from ortserve.models.gguf_open import LONG_ARRAY, open_reader
+from ortserve.models.gguf.opening import LONG_ARRAY, open_reader
 
 
 def _write(path: Path) -> None:

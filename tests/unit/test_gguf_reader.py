@@ -11,8 +11,8 @@ import pytest
 gguf = pytest.importorskip("gguf")
 
 from ortserve.errors import ModelError
-from ortserve.models.gguf_exact import GGUFWeights, pack_codes
-from ortserve.models.gguf_reader import SUPPORTED, UnsupportedBlockType, concat_rows, decode
+from ortserve.models.gguf.exact import GGUFWeights, pack_codes
+from ortserve.models.gguf.reader import SUPPORTED, UnsupportedBlockType, concat_rows, decode
 
 Q = gguf.GGMLQuantizationType
 ROWS, COLS = 6, 512

@@ -1,4 +1,4 @@
-"""A model folder's custom-op library (the GGUF-native kernels, models/gguf_native.py): named in
+"""A model folder's custom-op library (the GGUF-native kernels, models/gguf/native.py): named in
 genai_config.json by its file name, resolved inside the folder, refused anywhere else."""
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from click.testing import CliRunner
 
 from ortserve.models import importer
 from ortserve.models.catalog import DEFAULT_MODEL, embedded_gguf
-from ortserve.models.gguf_exact import GRAPH_VERSION
+from ortserve.models.gguf.exact import GRAPH_VERSION
 from ortserve.models.store import MANIFEST, ModelStore
 
 

@@ -1,4 +1,4 @@
-"""The Whisper encoder's int8 rewrite (models/whisper_graph.py, 7-bit weights) on a small graph of the builder's
+"""The Whisper encoder's int8 rewrite (models/whisper/graph.py, 7-bit weights) on a small graph of the builder's
 shape and names: a fused ``Attention`` (fp32 QKV weight and bias), the attention's output
 projection and an MLP projection as 8-bit ``MatMulNBits``. After the rewrite the attention's
 projections are int8 GEMMs, the MLP's is as built, ONNX Runtime runs it, and the outputs stay within
@@ -13,7 +13,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from ortserve.models.whisper_graph import WEIGHT_MAX, dequantize_nbits8, int8_encoder, per_column_int8
+from ortserve.models.whisper.graph import WEIGHT_MAX, dequantize_nbits8, int8_encoder, per_column_int8
 
 D, HEADS, SEQ, BLOCK = 64, 4, 50, 32
 
@@ -97,7 +97,7 @@ def test_quantization_round_trips() -> None:
 def test_q8_0_rows_hold_the_same_weights() -> None:
     """MatMulNBits' 8-bit blocks (uint8 around 128, fp32 scales, negative and subnormal ones too)
     as Q8_0 rows: the int8 values unchanged, the scale fp16's nearest; a scale fp16 cannot hold: None."""
-    from ortserve.models.whisper_graph import q8_0_rows
+    from ortserve.models.whisper.graph import q8_0_rows
     from ortserve.native import reference as ref
 
     rng = np.random.default_rng(3)
@@ -124,7 +124,7 @@ def test_native_q8_moves_the_named_matrices(tmp_path: Path) -> None:
     import pytest
 
     from ortserve import native
-    from ortserve.models.whisper_graph import native_q8
+    from ortserve.models.whisper.graph import native_q8
     from ortserve.native import build as native_build
 
     if not sys.platform.startswith("linux"):

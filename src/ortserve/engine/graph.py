@@ -18,7 +18,7 @@ from typing import Any
 
 log = logging.getLogger("ortserve.engine")
 
-_HEADS = {"MatMul", "MatMulNBits", "Gemm", "GgufMatMul"}   # GgufMatMul: models/gguf_native.py
+_HEADS = {"MatMul", "MatMulNBits", "Gemm", "GgufMatMul"}   # GgufMatMul: models/gguf/native.py
 _PASS = {"Cast", "Identity"}  # may sit between the LM head and the output (fp16 models)
 
 

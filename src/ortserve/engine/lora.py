@@ -78,7 +78,7 @@ class Adapter:
 
 def _weight_dims(graph: Any, node: Any) -> tuple[int, int] | None:
     """(in, out) of a projection node: MatMul's weight initializer is [in, out]; MatMulNBits and
-    GgufMatMul (the GGUF-native kernel, models/gguf_native.py) say K, N."""
+    GgufMatMul (the GGUF-native kernel, models/gguf/native.py) say K, N."""
     if node.op_type in ("MatMulNBits", "GgufMatMul"):
         attrs = {a.name: a.i for a in node.attribute}
         return (attrs["K"], attrs["N"]) if "K" in attrs and "N" in attrs else None
@@ -92,7 +92,7 @@ def find_targets(graph: Any, *, q_width: int, kv_width: int) -> list[Target]:
 
     A projection is found by its output, ``/model/layers.{i}/{attn|mlp}/{name}/MatMul/output_0``,
     which the builder's MatMul/MatMulNBits produces, and which GGUF exact imports keep as the
-    output of their correction Add (models/gguf_exact.py), so the term lands after both."""
+    output of their correction Add (models/gguf/exact.py), so the term lands after both."""
     out = []
     weights = [n for n in graph.node if n.op_type in ("MatMulNBits", "GgufMatMul") or
                (n.op_type == "MatMul" and n.name.endswith("/MatMul"))]

@@ -145,7 +145,7 @@ def session_options(settings: Any, model_options: dict[str, Any] | None = None) 
 def custom_ops_library(model_dir: Path) -> Path | None:
     """The custom-op library a model folder's graph needs (genai_config.json's decoder
     ``session_options.custom_ops_library``, a file inside the folder: the GGUF-native kernels of
-    models/gguf_native.py), or None."""
+    models/gguf/native.py), or None."""
     import json
 
     try:

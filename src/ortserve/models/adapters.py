@@ -95,14 +95,14 @@ def read_gguf_lora(path: Path, scale: float, *, heads: int, kv_heads: int
                    ) -> tuple[dict[str, Any], dict[str, tuple[np.ndarray, np.ndarray]]]:
     """A llama.cpp LoRA GGUF (``convert_lora_to_gguf.py`` output, float tensors) in the same form
     as ``read_peft``. llama.cpp stores q/k rows permuted for its rope layout (llama, mistral);
-    the base graphs here are in Hugging Face order (models/gguf_reader.py un-permutes the base
+    the base graphs here are in Hugging Face order (models/gguf/reader.py un-permutes the base
     too), so lora_B's q/k rows are un-permuted with the base's head counts."""
     try:
         from gguf import GGUFReader
     except ImportError as exc:
         raise AdapterError("reading a LoRA GGUF needs the gguf package", hint="pip install 'ortserve[convert]'") from exc
 
-    from ortserve.models.gguf_reader import ARCHITECTURES
+    from ortserve.models.gguf.reader import ARCHITECTURES
 
     try:
         reader = GGUFReader(str(path))

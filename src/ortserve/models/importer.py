@@ -71,13 +71,13 @@ def import_gguf(store: ModelStore, gguf: Path, model_id: str, *, precision: str 
     validate_name(model_id)
     gguf = Path(gguf).resolve()
     check_gguf(gguf)  # bounds-checked header + architecture, before transformers reads it
-    from ortserve.models.gguf_reader import open_header
+    from ortserve.models.gguf.reader import open_header
 
     header = open_header(gguf, GGUF_ARCHITECTURES)   # every block type readable, or a refusal in seconds
     precision = requantize or precision
     if precision is None and device == "cpu":   # rope scaling the streamed graph cannot write: refused now
-        from ortserve.models.gguf_families import refuse_unsupported
-        from ortserve.models.gguf_graph import STREAM_ARCHITECTURES, Spec
+        from ortserve.models.gguf.families import refuse_unsupported
+        from ortserve.models.gguf.graph import STREAM_ARCHITECTURES, Spec
 
         if header.arch in STREAM_ARCHITECTURES:
             refuse_unsupported(header, Spec.of(header, header.reader))
@@ -116,8 +116,8 @@ def stale_exact(v: Variant) -> str | None:
     exact = v.notes.get("gguf_exact")
     if not exact or v.link:
         return None
-    from ortserve.models.gguf_exact import GRAPH_VERSION, GRAPH_VERSIONS
-    from ortserve.models.gguf_native_import import kernels_stale
+    from ortserve.models.gguf.exact import GRAPH_VERSION, GRAPH_VERSIONS
+    from ortserve.models.gguf.native_import import kernels_stale
 
     have = int(exact.get("graph_version", 1))
     if have >= GRAPH_VERSION:
@@ -160,7 +160,7 @@ def refresh_stale(store: ModelStore, v: Variant, progress: Progress | None = Non
 
 def _exact_plan(gguf: Path, device: str, progress: Progress | None) -> str | None:
     """The exact variant's precision label, or None (with the reason said) to re-quantize."""
-    from ortserve.models import gguf_exact
+    from ortserve.models.gguf import exact as gguf_exact
 
     say = progress or (lambda _m: None)
     if device != "cpu":
@@ -175,8 +175,9 @@ def _exact_plan(gguf: Path, device: str, progress: Progress | None) -> str | Non
 
 def _build_exact(store: ModelStore, gguf: Path, model_id: str, tmp: Path, progress: Progress | None,
                  aliases: list[str] | None, speed: bool) -> dict[str, Any]:
-    from ortserve.models import gguf_exact, gguf_fast
-    from ortserve.models.gguf_native_import import try_native
+    from ortserve.models.gguf import exact as gguf_exact
+    from ortserve.models.gguf import fast as gguf_fast
+    from ortserve.models.gguf.native_import import try_native
 
     weights = gguf_exact.preflight(gguf)
     precision, stream = gguf_exact.exact_precision(weights), gguf_fast.streamable(weights)
@@ -266,11 +267,11 @@ def import_path(store: ModelStore, path: Path, *, model_id: str | None = None,
     ``precision`` None means: a GGUF keeps its own quantized blocks where it can (exact
     import), a Hugging Face directory is built at the default precision. ``speed``: see
     ``import_gguf`` (the other imports always measure it, to choose among their variants).
-    ``mmproj``: the vision projector GGUF of a Qwen2.5-VL text GGUF (models/vision_gguf.py).
+    ``mmproj``: the vision projector GGUF of a Qwen2.5-VL text GGUF (models/vision/pair.py).
     """
     path = Path(path).expanduser()
     mid = validate_name(model_id) if model_id else None
-    from ortserve.models import vision_gguf
+    from ortserve.models.vision import pair as vision_gguf
 
     if mmproj is not None:   # llama.cpp's vision pair: text GGUF + mmproj -> kind vision
         return vision_gguf.import_gguf_pair(store, path, Path(mmproj), mid or model_id_from_path(path),
@@ -287,12 +288,12 @@ def import_path(store: ModelStore, path: Path, *, model_id: str | None = None,
     from ortserve.models import embed_import, rerank_import
 
     has_weights = any(path.glob("*.safetensors")) or any(path.glob("pytorch_model*.bin"))
-    from ortserve.models import whisper_import
+    from ortserve.models.whisper import importer as whisper_import
 
     if whisper_import.is_whisper_dir(path):   # faster-whisper (CTranslate2) or Hugging Face Whisper: kind audio
         return whisper_import.import_whisper(store, path, mid or model_id_from_path(path), precision=precision,
                                              progress=progress)
-    from ortserve.models import vision_import
+    from ortserve.models.vision import importer as vision_import
 
     if vision_import.vision_family(path) and has_weights:   # Qwen2.5-VL: vision + embedding + decoder graphs
         return vision_import.import_vision(store, path, mid or model_id_from_path(path), progress=progress)

@@ -79,7 +79,7 @@ def token_logprobs(model_dir: Path, ids: list[int], window: int = 512, budget: i
     so = ort.SessionOptions()
     so.log_severity_level = 3
     so.enable_cpu_mem_arena = False   # a window's activations go back to the system, not to an arena
-    register_custom_ops(so, Path(model_dir))   # a GGUF-native graph's kernels (models/gguf_native.py)
+    register_custom_ops(so, Path(model_dir))   # a GGUF-native graph's kernels (models/gguf/native.py)
 
     def session(path: Path) -> Any:
         return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])

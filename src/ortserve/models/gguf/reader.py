@@ -237,7 +237,7 @@ class GGUFWeights:
 
     @classmethod
     def open(cls, path: Path) -> GGUFWeights:
-        from ortserve.models.gguf_open import open_reader
+        from ortserve.models.gguf.opening import open_reader
 
         reader = open_reader(path)   # the vocabulary arrays skipped: seconds saved per open
         arch = _field(reader, "general.architecture")
@@ -337,7 +337,7 @@ def refuse_unusable(weights: GGUFWeights) -> None:
 def open_header(gguf_path: Path, architectures: Any) -> GGUFWeights:
     """The tensor table and metadata (memory-mapped, nothing decoded); refuses an architecture
     outside ``architectures`` or an unreadable block type, naming what is supported."""
-    from ortserve.models.gguf_open import open_reader
+    from ortserve.models.gguf.opening import open_reader
 
     reader = open_reader(gguf_path)
     arch = str(_field(reader, "general.architecture", ""))

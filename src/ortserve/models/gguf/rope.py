@@ -20,7 +20,7 @@ import math
 import numpy as np
 
 from ortserve.errors import ModelError
-from ortserve.models.gguf_reader import GGUFWeights, _field
+from ortserve.models.gguf.reader import GGUFWeights, _field
 
 ROPE_SCALINGS = ("none", "linear", "yarn")
 BETA_FAST, BETA_SLOW = 32.0, 1.0

@@ -1,4 +1,4 @@
-"""Choosing and checking the GGUF-native graph of an exact import (models/gguf_native.py).
+"""Choosing and checking the GGUF-native graph of an exact import (models/gguf/native.py).
 
 When ``gguf_native.plan()`` says the library is usable, the exact import writes two graphs of
 the file with the streamed writer: today's MatMulNBits graph in a work directory, whose
@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ortserve.errors import ModelError
-from ortserve.models.gguf_native import Plan, plan
+from ortserve.models.gguf.native import Plan, plan
 
 LOGIT_TOL = 2e-3        # the exact path's fp32-compute tolerance: always allowed
 SHIPPED_FACTOR = 2.0    # or up to this times the MatMulNBits graph's as-shipped error
@@ -62,7 +62,7 @@ def import_native(gguf: Path, out_dir: Path, work: Path, use: Plan, progress: An
                   reference: float | None = None) -> tuple[dict[str, Any], float]:
     """Write the native graph into ``out_dir`` and check it; returns (report, reference
     perplexity). Raises NativeRefused (``out_dir`` then holds a refused graph: clear it)."""
-    from ortserve.models.gguf_fast import fp32_compute_perplexity, import_gguf_streamed
+    from ortserve.models.gguf.fast import fp32_compute_perplexity, import_gguf_streamed
 
     say = progress or (lambda _m: None)
     ref_dir = work / "matmulnbits"

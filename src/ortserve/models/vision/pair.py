@@ -4,18 +4,18 @@
 model as two files, the text model (architecture ``qwen2vl``) and its multimodal projector, the
 "mmproj" (architecture ``clip``, ``clip.projector_type`` ``qwen2.5vl_merger``: the vision tower
 ``v.*`` and the merger ``mm.*``). ortserve serves Qwen2.5-VL from the three ONNX graphs
-models/vision_import.py exports from a Hugging Face directory, so the pair is turned back into
+models/vision/importer.py exports from a Hugging Face directory, so the pair is turned back into
 that directory in a temporary folder and imported by the same code:
 
 * ``config.json`` from the metadata (text: ``qwen2vl.*``; vision: ``clip.vision.*``; the image
   token ids from the vocabulary by name);
-* ``model.safetensors``: every tensor under its Hugging Face name (vision_gguf_weights.py), float32,
+* ``model.safetensors``: every tensor under its Hugging Face name (pair_weights.py), float32,
   exactly the file's values (quantized blocks dequantized with gguf-py's arithmetic);
 * the tokenizer and chat template from the text GGUF (transformers' GGUF tokenizer reader, which
   needs no config and so reads a ``qwen2vl`` file), ``preprocessor_config.json`` from the
   mmproj's patch size and Qwen2.5-VL's own pixel limits (an mmproj does not carry them).
 
-The manifest records both files (name, size, sha256), ``kind: vision`` and vision_import's logits
+The manifest records both files (name, size, sha256), ``kind: vision`` and vision/importer.py's logits
 check against transformers on the rebuilt directory.
 """
 
@@ -177,8 +177,8 @@ def rebuild_hf(text: Path, mmproj: Path, out: Path, progress: Progress | None = 
     """The Hugging Face Qwen2.5-VL directory of the pair into ``out``; returns the weights' notes."""
     import json
 
-    from ortserve.models.gguf_open import open_reader
-    from ortserve.models.vision_gguf_weights import plan, types, write_safetensors
+    from ortserve.models.gguf.opening import open_reader
+    from ortserve.models.vision.pair_weights import plan, types, write_safetensors
 
     say = progress or (lambda _m: None)
     tm, vm = check_pair(text, mmproj)
@@ -245,7 +245,7 @@ def _alive(pid: int) -> bool:
 def import_gguf_pair(store: ModelStore, text_gguf: Path, mmproj_gguf: Path, model_id: str, *,
                      progress: Progress | None = None, quality: bool = True) -> Variant:
     """Import a llama.cpp Qwen2.5-VL text GGUF and its mmproj as the vision model ``model_id``."""
-    from ortserve.models.vision_import import import_vision
+    from ortserve.models.vision.importer import import_vision
 
     validate_name(model_id)
     text, mmproj = Path(text_gguf).expanduser().resolve(), Path(mmproj_gguf).expanduser().resolve()

@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 
 from ortserve.errors import ModelError
-from ortserve.models.gguf_reader import GGUFWeights, _field
-from ortserve.models.gguf_rope import rope_divisors
-from ortserve.models.gguf_stream import (
+from ortserve.models.gguf.reader import GGUFWeights, _field
+from ortserve.models.gguf.rope import rope_divisors
+from ortserve.models.gguf.stream import (
     Checks,
     DataFile,
     common_layout,

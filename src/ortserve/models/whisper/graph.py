@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-VERSION = 4          # bump when the rewrite changes: imports made before are redone (whisper_import)
+VERSION = 4          # bump when the rewrite changes: imports made before are redone (importer.py)
 ATTENTION = ("/attn/",)   # the builder's names of the attention projections (o_proj, cross k/v)
 
 

@@ -29,10 +29,10 @@ from typing import Any
 import numpy as np
 
 from ortserve.errors import ModelError
-from ortserve.models.gguf_graph import GraphWriter, Spec, rotary_caches
-from ortserve.models.gguf_reader import GGUFWeights, _field
-from ortserve.models.gguf_rope import rope_divisors
-from ortserve.models.gguf_stream import vector
+from ortserve.models.gguf.graph import GraphWriter, Spec, rotary_caches
+from ortserve.models.gguf.reader import GGUFWeights, _field
+from ortserve.models.gguf.rope import rope_divisors
+from ortserve.models.gguf.stream import vector
 
 FAMILY_ARCHITECTURES = ("phi3", "gemma2", "gemma3")
 ROPE_SCALING = ("none", "linear")     # rope.scaling.type values read (phi3's LongRoPE is its factor tensors)

@@ -29,9 +29,8 @@ import numpy as np
 
 from ortserve.errors import ModelError
 from ortserve.models import convert
-from ortserve.models.gguf_check import logit_check, logits, with_accuracy_level
-from ortserve.models.gguf_families import FAMILY_ARCHITECTURES
-from ortserve.models.gguf_reader import (
+from ortserve.models.gguf.families import FAMILY_ARCHITECTURES
+from ortserve.models.gguf.reader import (
     FLOAT_TYPES,
     ExactForm,
     GGUFWeights,
@@ -42,6 +41,7 @@ from ortserve.models.gguf_reader import (
     pack_codes,
     preflight,
 )
+from ortserve.models.gguf_check import logit_check, logits, with_accuracy_level
 
 __all__ = ["UnsupportedBlockType", "exact_precision", "import_gguf_exact", "logit_check", "logits", "preflight",
            "with_accuracy_level"]

@@ -24,12 +24,12 @@ from typing import Any
 import numpy as np
 
 from ortserve.errors import ModelError
-from ortserve.models.gguf_families import FAMILY_ARCHITECTURES, genai_type, refuse_unsupported, writer_for
-from ortserve.models.gguf_graph import STREAM_ARCHITECTURES, Spec
-from ortserve.models.gguf_native import NativeOps, Plan, install_library, uses_native, weight_bytes_per_token
-from ortserve.models.gguf_reader import GGUFWeights, _field, count_types, preflight
-from ortserve.models.gguf_rope import scales_rope
-from ortserve.models.gguf_stream import DataFile
+from ortserve.models.gguf.families import FAMILY_ARCHITECTURES, genai_type, refuse_unsupported, writer_for
+from ortserve.models.gguf.graph import STREAM_ARCHITECTURES, Spec
+from ortserve.models.gguf.native import NativeOps, Plan, install_library, uses_native, weight_bytes_per_token
+from ortserve.models.gguf.reader import GGUFWeights, _field, count_types, preflight
+from ortserve.models.gguf.rope import scales_rope
+from ortserve.models.gguf.stream import DataFile
 from ortserve.models.gguf_vocab import fit_tokenizer, keep_fim_ids
 from ortserve.models.quality import release_freed_memory
 from ortserve.models.validate import gguf_metadata

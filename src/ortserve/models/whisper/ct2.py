@@ -177,7 +177,7 @@ def ct2_to_hf(src: Path, out: Path) -> Path:
     sd = {k: np.ascontiguousarray(a, dtype=np.float32) for k, a in hf_state_dict(v).items()}
     save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
-    from ortserve.models.whisper_files import write_hf_side_files
+    from ortserve.models.whisper.files import write_hf_side_files
 
     write_hf_side_files(src, out, config)
     return out

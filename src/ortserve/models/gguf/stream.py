@@ -20,7 +20,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from ortserve.errors import ModelError
-from ortserve.models.gguf_reader import BLOCK_SIZES, FLOAT_TYPES, ExactForm, GGUFWeights, decode, pack_codes
+from ortserve.models.gguf.reader import BLOCK_SIZES, FLOAT_TYPES, ExactForm, GGUFWeights, decode, pack_codes
 
 ALIGN = 64                 # byte alignment of every initializer in the data file
 CHUNK_WEIGHTS = 1 << 22    # weights decoded at once (~4M: tens of MB of temporaries)

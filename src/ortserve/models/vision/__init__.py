@@ -1,0 +1,1 @@
+"""Vision-language import: Hugging Face directories and llama.cpp GGUF + mmproj pairs."""

@@ -1,0 +1,1 @@
+"""Whisper import: CTranslate2 or Hugging Face Whisper into an og Whisper model, and its graph edits."""
