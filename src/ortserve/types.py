@@ -263,7 +263,7 @@ class EngineStats:
     prefix_cache_bytes: int = 0       # KV bytes the prefix cache holds (inside kv_cache_mb)
     prefix_cache_entries: int = 0
     prefix_cache_evictions: int = 0   # cached prefixes dropped to make room
-    speculative_proposed: int = 0     # prompt-lookup guesses verified (engine/speculate.py)
+    speculative_proposed: int = 0     # prompt-lookup guesses verified (engine/speculation/speculate.py)
     speculative_accepted: int = 0     # guesses the model agreed with: tokens for free
-    speculative_draft_proposed: int = 0  # of the guesses above, the draft model's (engine/draft.py)
+    speculative_draft_proposed: int = 0  # of the guesses above, the draft model's (engine/speculation/draft.py)
     speculative_draft_accepted: int = 0

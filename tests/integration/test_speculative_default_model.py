@@ -59,7 +59,7 @@ def test_greedy_tokens_match_with_speculation_on_and_off_and_guesses_are_accepte
 
 
 def test_the_default_model_as_its_own_draft_gives_the_same_tokens_and_is_always_accepted(level0: Path) -> None:
-    """Draft-model speculation (engine/draft.py) with the target as its draft: at accuracy_level 0 the
+    """Draft-model speculation (engine/speculation/draft.py) with the target as its draft: at accuracy_level 0 the
     draft's one-row steps and the verify step agree exactly, so every guess holds."""
     eng = AsyncEngine.load(level0, load_settings(max_batch=2, prefix_cache=False, speculative_lookup=False),
                            draft=(level0, "smollm2-level0"))

@@ -1,4 +1,4 @@
-"""Draft-model speculation on real models (engine/draft.py): a draft of the same vocabulary with other
+"""Draft-model speculation on real models (engine/speculation/draft.py): a draft of the same vocabulary with other
 random weights, and the target as its own draft; greedy tokens identical with the draft on and off,
 near-full acceptance when the draft is the target, the draft's KV following what was accepted, and
 a vocabulary mismatch refused at load naming both models."""
@@ -15,7 +15,7 @@ import pytest
 
 from ortserve.config import load_settings
 from ortserve.engine import AsyncEngine
-from ortserve.engine.draft import check_vocabulary, common_prefix
+from ortserve.engine.speculation.draft import check_vocabulary, common_prefix
 from ortserve.errors import ModelError
 from ortserve.types import SamplingParams
 

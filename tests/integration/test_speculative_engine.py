@@ -1,4 +1,4 @@
-"""Prompt-lookup speculation on real models (engine/speculate.py): greedy tokens identical with it
+"""Prompt-lookup speculation on real models (engine/speculation/speculate.py): greedy tokens identical with it
 on and off, sampled tokens distributed the same (the rejection rule), grammars, penalties and the
 prefix cache unchanged, and the counters showing what was guessed and accepted."""
 

@@ -1,10 +1,10 @@
-"""Prompt-lookup proposals and adaptive k (engine/speculate.py), without a model."""
+"""Prompt-lookup proposals and adaptive k (engine/speculation/speculate.py), without a model."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from ortserve.engine.speculate import Drafter, lookup
+from ortserve.engine.speculation.speculate import Drafter, lookup
 
 
 def test_the_longest_suffix_match_proposes_what_followed_it() -> None:

@@ -73,7 +73,7 @@ def serve(**kwargs: Any) -> None:
         fail(f"--draft-model / ORTSERVE_DRAFT_MODEL: {model_id} is a vision model, and speculation is off on its "
              "image and text rows (docs/vision.md); start it without a draft model")
     if settings.draft_model:  # a wrong id or another vocabulary: say so now, not in /healthz
-        from ortserve.engine.draft import check_vocabulary
+        from ortserve.engine.speculation.draft import check_vocabulary
         from ortserve.server.engine_loader import draft_of
 
         draft_dir, draft_id = draft_of(settings)  # type: ignore[misc]

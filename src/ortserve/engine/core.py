@@ -32,7 +32,7 @@ from ortserve.engine.prefix_cache import PrefixCache
 from ortserve.engine.runner import Runner
 from ortserve.engine.scheduler import MIN_CHUNK, RECENT, Delegated, Reuse, Scheduler  # noqa: F401
 from ortserve.engine.sequence import Sequence
-from ortserve.engine.speculate import Speculation
+from ortserve.engine.speculation.speculate import Speculation
 from ortserve.types import EngineStats
 
 log = logging.getLogger("ortserve.engine")

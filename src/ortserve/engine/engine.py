@@ -16,7 +16,6 @@ from typing import Any
 from ortserve.engine.adapter_host import AdapterHost
 from ortserve.engine.core import EngineCore
 from ortserve.engine.detokenize import IncrementalDetokenizer
-from ortserve.engine.draft import DraftModel
 from ortserve.engine.formats import Tool
 from ortserve.engine.guidance import Guidance, Guide, constraint_of
 from ortserve.engine.lora import Adapter
@@ -24,6 +23,7 @@ from ortserve.engine.reasoning import ThinkBudget, left_open
 from ortserve.engine.runner import ModelSpec, Runner
 from ortserve.engine.runtime import DeviceChoice, candidates, session_options
 from ortserve.engine.sequence import Sequence
+from ortserve.engine.speculation.draft import DraftModel
 from ortserve.engine.tokenizer import TextCodec
 from ortserve.engine.watchdog import Watchdog
 from ortserve.errors import (
@@ -44,7 +44,7 @@ class LoadedModel:
 
     def __init__(self, model_dir: Path, settings: Any = None, model_id: str | None = None,
                  adapters: list[Adapter] | None = None, draft: tuple[Path, str] | None = None) -> None:
-        """``draft``: (directory, id) of a draft model of the same vocabulary (engine/draft.py)."""
+        """``draft``: (directory, id) of a draft model of the same vocabulary (engine/speculation/draft.py)."""
         require_genai()  # the builder's models and their genai_config come from onnxruntime-genai
         model_dir = Path(model_dir)
         if not model_dir.is_dir():
@@ -164,7 +164,7 @@ class AsyncEngine(AdapterHost):
                           prefix_cache=bool(getattr(self.settings, "prefix_cache", True)),
                           speculative=bool(getattr(self.settings, "speculative", True)),
                           speculative_k=int(getattr(self.settings, "speculative_k", 8)))
-        core.draft_model = self.model.draft  # guesses where prompt lookup has none (engine/draft.py)
+        core.draft_model = self.model.draft  # guesses where prompt lookup has none (engine/speculation/draft.py)
         core.lookup = bool(getattr(self.settings, "speculative_lookup", True))
         return core
 

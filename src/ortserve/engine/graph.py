@@ -3,7 +3,7 @@
 The builder's graph returns logits for every input position: for an 8k-token prompt that is
 8k x 49k x 4 B = 1.6 GB, and the LM head over every prompt position is a large share of
 prefill compute. The engine samples from the last position of each row, and a speculating row
-(engine/speculate.py) from each position it fed, so ``gather_positions`` picks those before the LM
+(engine/speculation/speculate.py) from each position it fed, so ``gather_positions`` picks those before the LM
 head: the hidden state is flattened to [batch x positions, hidden], the rows named by an int64
 input ``ortserve_logit_rows`` are gathered, and logits come out as [1, rows, vocab] whatever the
 input length. The edited graph is handed to ONNX Runtime as bytes; the weights stay in the model

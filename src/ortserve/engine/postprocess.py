@@ -4,7 +4,7 @@ Logits processors, the grammar mask and sampling pick the token (``select``), un
 reasoning budget forces the close of the reasoning block (engine/reasoning.py ``ThinkBudget``); ``_advance``
 streams its text or finishes the sequence (EOS, a stop string, max_tokens, the context);
 ``_finish`` and ``_fail`` send the last event. A mixin of ``EngineCore``, like
-engine/speculate.py's ``Speculation``: it reads the core's ``runner``, ``eos`` and ``faults``.
+engine/speculation/speculate.py's ``Speculation``: it reads the core's ``runner``, ``eos`` and ``faults``.
 """
 
 from __future__ import annotations

@@ -347,7 +347,7 @@ class Runner:
         return logits.astype(np.float32, copy=False)
 
     def verify(self, fed: list[list[int]]) -> list[np.ndarray]:
-        """Several tokens for each of rows 0..n-1 in one step (speculation, engine/speculate.py): row b
+        """Several tokens for each of rows 0..n-1 in one step (speculation, engine/speculation/speculate.py): row b
         is fed ``fed[b]`` (its pending token, then its guesses); returns each row's logits
         [len(fed[b]), vocab], one per fed token. Rows are padded to the longest (the padding's KV
         lands past the row's length and is never read). The rows' lengths are left as they were:

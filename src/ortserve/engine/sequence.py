@@ -10,7 +10,7 @@ from ortserve.engine.detokenize import IncrementalDetokenizer, StopMatcher
 from ortserve.engine.guidance import Guide
 from ortserve.engine.reasoning import ThinkBudget
 from ortserve.engine.sampler import make_rng
-from ortserve.engine.speculate import Drafter
+from ortserve.engine.speculation.speculate import Drafter
 from ortserve.types import Metrics, SamplingParams, TokenEvent
 
 Sink = Callable[[TokenEvent], object]  # its return value is ignored (the engine hands events to the loop)
@@ -40,7 +40,7 @@ class Sequence:
     logprobs: list[tuple[int, float, list[tuple[int, float]]]] = field(default_factory=list)  # not yet emitted
     guide: Guide | None = None      # grammar state when the output is constrained (engine/guidance.py)
     adapter: str = ""               # the LoRA adapter it runs with, and its scale (engine/lora.py adapter_key); "" = the base
-    draft: Drafter | None = None    # its prompt-lookup guesses, once it speculated (engine/speculate.py)
+    draft: Drafter | None = None    # its prompt-lookup guesses, once it speculated (engine/speculation/speculate.py)
     think: ThinkBudget | None = None  # a thinking model's reasoning count and budget (engine/reasoning.py)
 
     def __post_init__(self) -> None:

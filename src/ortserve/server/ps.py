@@ -6,7 +6,7 @@ from typing import Any
 
 
 def draft_of_engine(engine: Any) -> Any:
-    """The draft model (engine/draft.py) an engine speculates with, or None."""
+    """The draft model (engine/speculation/draft.py) an engine speculates with, or None."""
     return getattr(getattr(engine, "model", None), "draft", None)
 
 

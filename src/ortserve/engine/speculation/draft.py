@@ -4,7 +4,7 @@ What vLLM's ``speculative_config={"model": ..., "num_speculative_tokens": k}`` a
 ``--model-draft`` give. The draft is its own ONNX Runtime session with one KV row (``Runner(slots=1)``)
 that follows the one sequence the engine speculates on: before it guesses, it catches up on the
 tokens the target accepted since (one multi-token step), then proposes k greedy tokens one decode
-step at a time. The target verifies them in one step (engine/speculate.py, the same verify path as
+step at a time. The target verifies them in one step (engine/speculation/speculate.py, the same verify path as
 prompt lookup, so the output is exactly what the target alone would give).
 
 Rolling back is keeping: the draft's row holds the tokens in ``held``; at the next guess it keeps

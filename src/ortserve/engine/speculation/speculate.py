@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
-    from ortserve.engine.draft import DraftModel
+    from ortserve.engine.speculation.draft import DraftModel
 
 log = logging.getLogger("ortserve.engine")
 
@@ -78,7 +78,7 @@ class Drafter:
     def __post_init__(self) -> None:
         self.k = min(self.k, self.k_max)
 
-    model: Drafter | None = None  # the draft model's adaptive k and counts, once it guessed (engine/draft.py)
+    model: Drafter | None = None  # the draft model's adaptive k and counts, once it guessed (engine/speculation/draft.py)
 
     def take(self, limit: int) -> int:
         """How many guesses to make now (0 while resting after misses), at most ``limit``."""
@@ -138,7 +138,7 @@ class Speculation:
     spec_proposed = 0   # guesses verified, all requests (both kinds)
     spec_accepted = 0   # guesses the model agreed with
     lookup: bool = True       # prompt lookup guesses (off: only the draft model does)
-    draft_model: DraftModel | None = None  # engine/draft.py: guesses when prompt lookup has none
+    draft_model: DraftModel | None = None  # engine/speculation/draft.py: guesses when prompt lookup has none
     spec_draft_proposed = 0   # of which the draft model's
     spec_draft_accepted = 0
 
