@@ -1,12 +1,13 @@
 """Image time to first token and decode speed: ortserve against llama-server with the mmproj (issue 42).
 
     .venv/bin/python benchmarks/vision_vs_llamaserver.py [--size mid|tiny] [--reps 5] [--tokens 32]
-        [--images 448 112] [--threads 2] [--source auto|hf|gguf] [--work DIR] [--ports 8780 8781] [--out FILE]
+        [--images 448 112] [--threads 2] [--source auto|hf|gguf] [--outtype f32|f16] [--llama-poll 0]
+        [--work DIR] [--ports 8780 8781] [--out FILE]
 
 One random-weight Qwen2.5-VL (no download; ``--size mid``: a vision tower of 8 blocks, hidden 640,
 and a text model of 4 layers, hidden 1024, see ``SIZES``; the real Qwen2.5 tokenizer) is built as a
 Hugging Face directory, converted by llama.cpp's own ``convert_hf_to_gguf.py`` into a text GGUF and
-an mmproj (both f32), and served twice on 127.0.0.1: by ``llama-server -m text.gguf --mmproj
+an mmproj (both f32, or ``--outtype f16``), and served twice on 127.0.0.1: by ``llama-server -m text.gguf --mmproj
 mmproj.gguf`` (tests/llamacpp.py's build) and by ``ortserve serve`` on the same weights, imported from
 the GGUF pair (``ortserve models import text.gguf --mmproj mmproj.gguf``) where this checkout's CLI
 has ``--mmproj``, else from the Hugging Face directory (``--source``; the JSON says which).
@@ -99,7 +100,7 @@ def run(cmd: list[str], env: dict[str, str] | None = None, cwd: Path | None = No
     return round(time.perf_counter() - t, 1)
 
 
-def material(work: Path, size: str, source: str) -> dict[str, Any]:
+def material(work: Path, size: str, source: str, outtype: str) -> dict[str, Any]:
     """The HF directory, the GGUF pair and ortserve's import, each made once under ``work``."""
     import llamacpp
 
@@ -108,7 +109,7 @@ def material(work: Path, size: str, source: str) -> dict[str, Any]:
     if not hf.is_dir():
         steps["build_hf_s"] = run([sys.executable, __file__, "--build-hf", str(hf), "--size", size])
     src = llamacpp.llama_cpp_src()
-    conv = [sys.executable, str(src / "convert_hf_to_gguf.py"), str(hf), "--outtype", "f32"]
+    conv = [sys.executable, str(src / "convert_hf_to_gguf.py"), str(hf), "--outtype", outtype]
     env = {"PYTHONPATH": str(src / "gguf-py")}
     if not text.is_file():
         steps["convert_text_s"] = run([*conv, "--outfile", str(text)], env, src)
@@ -285,6 +286,7 @@ def main() -> None:
     p.add_argument("--images", type=int, nargs="+", default=[448, 112])
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--source", choices=["auto", "hf", "gguf"], default="auto")
+    p.add_argument("--outtype", choices=["f32", "f16"], default="f32", help="the GGUF pair's type (convert_hf_to_gguf)")
     p.add_argument("--work", type=Path, default=None)
     p.add_argument("--ports", type=int, nargs=2, default=[8780, 8781])
     p.add_argument("--out", type=Path, default=None)
@@ -295,9 +297,9 @@ def main() -> None:
     if a.build_hf:
         build_hf(a.build_hf, a.size)
         return
-    work = a.work or Path(f"/tmp/ortserve-vision-bench-{a.size}")
+    work = a.work or Path(f"/tmp/ortserve-vision-bench-{a.size}" + ("" if a.outtype == "f32" else f"-{a.outtype}"))
     work.mkdir(parents=True, exist_ok=True)
-    mat = material(work, a.size, a.source)
+    mat = material(work, a.size, a.source, a.outtype)
     from _common import machine
 
     mach = machine()
@@ -309,7 +311,8 @@ def main() -> None:
     finally:
         servers.stop()
     result = {"benchmark": "vision_vs_llamaserver", "machine": mach, "uptime_at_start": started,
-              "model": {"size": a.size, "config": SIZES[a.size], "weights": "random, f32 on both sides",
+              "model": {"size": a.size, "config": SIZES[a.size], "gguf_type": a.outtype,
+                        "weights": "random; ortserve serves the pair widened to fp32",
                         "vocab": "Qwen2.5 (151936)"},
               "material": mat, "threads": a.threads, "llama_poll": a.llama_poll, "tokens": a.tokens, "reps": a.reps,
               "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
