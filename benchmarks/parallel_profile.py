@@ -1,7 +1,7 @@
 """Where one batched decode step's kernel time goes, by weight role (prints JSON).
 
     .venv/bin/python benchmarks/parallel_profile.py --model /work/bench-home/models/llama-3.2-1b.q4_k_m--q4_k-cpu \
-        [--rows 16] [--prompt 128] [--steps 24] [--threads 2] [--lib PATH]
+        [--rows 16] [--prompt 128] [--steps 24] [--threads 2] [--spin] [--lib PATH]
 
 The engine's Runner with ``rows`` rows: each row prefilled with ``prompt`` tokens, then ``steps``
 decode steps over all rows at once (as 16 parallel streams decode), under ONNX Runtime's
@@ -10,6 +10,8 @@ each GgufMatMul by its weight's role and ggml type (``q_proj Q4_K``, ``down_proj
 ``lm_head Q6_K``), GroupQueryAttention, and the rest by op type. ``step_ms`` is the wall time of
 one ``Runner.decode`` (profiling on), ``kernel_ms`` the summed kernel time of a step: with two
 threads ParallelFor's work is counted once, so the difference is the graph's own overhead.
+``cpu_ms_per_step`` is the process's CPU time in one step (both threads; with spinning off it is
+the work done, which a loaded machine's waits do not inflate as they do the wall time).
 ``--lib`` runs the graph on another build of the ortserve.gguf library (a copy is put in a temp
 model folder), to compare two libraries on the same graph.
 """
@@ -69,6 +71,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--lib", default=None, help="another libortserve_gguf.so to run the graph on")
+    ap.add_argument("--spin", action="store_true", help="let ONNX Runtime's threads spin (off: as the engine "
+                                                         "runs on a loaded machine)")
     args = ap.parse_args()
     path, mid = model_dir(args.model)
     if args.lib:
@@ -77,7 +81,7 @@ def main() -> None:
     so = ort.SessionOptions()
     so.log_severity_level = 3
     so.intra_op_num_threads = args.threads
-    so.add_session_config_entry("session.intra_op.allow_spinning", "1")
+    so.add_session_config_entry("session.intra_op.allow_spinning", "1" if args.spin else "0")
     so.enable_profiling = True
     so.profile_file_prefix = str(Path(tempfile.mkdtemp()) / "ortserve-ops")
     n = args.rows
@@ -86,11 +90,12 @@ def main() -> None:
     toks = np.zeros(n, dtype=np.int64)
     for r in range(n):
         toks[r] = int(np.argmax(runner.prefill(r, [int(t) for t in rng.integers(1000, 30000, args.prompt)])))
-    walls = []
+    walls, cpus = [], []
     for _ in range(args.steps):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         logits = runner.decode(toks)
         walls.append(time.perf_counter() - t)
+        cpus.append(time.process_time() - c)
         toks = np.argmax(logits, axis=-1).astype(np.int64)
     trace = Path(runner.session.end_profiling())
     events = json.loads(trace.read_text(encoding="utf-8"))
@@ -112,9 +117,10 @@ def main() -> None:
     total = sum(us.values())
     steps = args.steps
     emit({"benchmark": "parallel_profile", "model": mid, "machine": machine(), "rows": n,
-          "threads": args.threads, "steps": steps, "prompt": args.prompt, "library": args.lib or "model folder's",
+          "threads": args.threads, "spinning": args.spin, "steps": steps, "prompt": args.prompt, "library": args.lib or "model folder's",
           "step_ms_median": round(1e3 * float(np.median(walls)), 2),
           "model_run_ms_median": round(float(np.median([e["dur"] for e in runs])) / 1e3, 2),
+          "cpu_ms_per_step_median": round(1e3 * float(np.median(cpus)), 2),
           "kernel_ms_per_step": round(total / steps / 1e3, 2),
           "tok_s": round(n / float(np.median(walls)), 1),
           "parts": {k: {"ms_per_step": round(us[k] / steps / 1e3, 3), "share": round(us[k] / total, 4),
