@@ -71,7 +71,7 @@ def attention_decoder(model_dir: Path, layers: set[int], threads: int = 0) -> An
         raise ValueError(f"decoder.onnx has no cross-attention node for layers {sorted(layers - found)}")
     opts = ort.SessionOptions()
     library = custom_ops_library(model_dir, "decoder")
-    if library is not None:     # the LM head on the native kernels (models/whisper_graph.native_q8)
+    if library is not None:     # the LM head on the native kernels (models/whisper/graph.py, native_q8)
         opts.register_custom_ops_library(str(library))
     opts.add_session_config_entry("session.model_external_initializers_file_folder_path", str(model_dir))
     if threads > 0:

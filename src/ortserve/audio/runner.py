@@ -35,7 +35,7 @@ def spinning_wanted(setting: bool | str = "auto", load: float | None = None, cor
 
 def custom_ops_library(model_dir: Path, part: str) -> Path | None:
     """The custom-op library ``genai_config.json`` names for ``part`` (encoder or decoder): the
-    native kernels the import copied into the folder (models/whisper_graph.native_q8), or None."""
+    native kernels the import copied into the folder (models/whisper/graph.py, native_q8), or None."""
     import json
 
     try:

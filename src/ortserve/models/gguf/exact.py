@@ -347,7 +347,7 @@ def import_gguf_exact(gguf_path: Path, out_dir: Path, work_dir: Path, *, hf_dir:
     weights = preflight(Path(gguf_path))
     if weights.arch in FAMILY_ARCHITECTURES:
         raise ModelError(f"{Path(gguf_path).name}: {weights.arch} is imported exactly by the streamed path only "
-                         f"(gguf_fast.import_gguf_streamed); this path patches llama, mistral, qwen2 and qwen3")
+                         f"(gguf/fast.py import_gguf_streamed); this path patches llama, mistral, qwen2 and qwen3")
     hf = hf_dir or convert.gguf_to_hf(Path(gguf_path), work_dir / "hf", progress)
     convert.build_onnx(hf, out_dir, precision="int4", progress=progress)
     say("replacing re-quantized weights with the GGUF blocks")

@@ -35,7 +35,7 @@ from ortserve.models.quality import release_freed_memory
 from ortserve.models.validate import gguf_metadata
 
 Progress = Callable[[str], None]
-GRAPH_VERSION = 3   # gguf_exact.GRAPH_VERSIONS: 3 = written from metadata, blocks streamed
+GRAPH_VERSION = 3   # exact.GRAPH_VERSIONS: 3 = written from metadata, blocks streamed
 
 
 def refuse_early(gguf_path: Path) -> None:
@@ -139,7 +139,7 @@ def import_gguf_streamed(gguf_path: Path, out_dir: Path, *, progress: Progress |
                          smoke: bool = True, native: Plan | None = None,
                          tokenizer_from: tuple[Path, list[str]] | None = None) -> dict[str, Any]:
     """Write the exact ONNX GenAI model of ``gguf_path`` into ``out_dir``; returns the report.
-    ``native`` (a usable gguf_native.Plan): the matrices its library reads go on its GgufMatMul /
+    ``native`` (a usable native.Plan): the matrices its library reads go on its GgufMatMul /
     GgufGather ops, and the library is copied into ``out_dir`` and named in genai_config.json.
     ``tokenizer_from``: (folder, names) of the same file's tokenizer, already written by an
     earlier call (its report's ``tokenizer_files``), copied instead of converted again."""

@@ -96,7 +96,7 @@ class GraphWriter:
         self.shared: dict[str, str] = {}
         self.report: list[dict[str, Any]] = []
         self.cos_sin: tuple[str, ...] = ()
-        self.native: Any = None   # gguf_native.NativeOps: matrices on the project's GGUF-native ops
+        self.native: Any = None   # gguf/native.py NativeOps: matrices on the project's GGUF-native ops
 
     # ---- primitives -----------------------------------------------------------------
     def node(self, op: str, inputs: list[str], name: str, n_out: int = 1, **attrs: Any) -> list[str]:

@@ -1,6 +1,6 @@
 """Choosing and checking the GGUF-native graph of an exact import (models/gguf/native.py).
 
-When ``gguf_native.plan()`` says the library is usable, the exact import writes two graphs of
+When ``native.plan()`` (gguf/native.py) says the library is usable, the exact import writes two graphs of
 the file with the streamed writer: today's MatMulNBits graph in a work directory, whose
 fp32-compute form (accuracy_level 0) is the dequantized fp32 reference, and the native graph in
 the variant's directory. The native graph ships only if its logits on a short random input are as

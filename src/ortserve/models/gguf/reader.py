@@ -43,7 +43,7 @@ SUPPORTED = tuple(BLOCK_SIZES)
 # Matrices the file keeps in float: they become plain fp32 MatMuls (exact, just larger).
 FLOAT_TYPES = ("F32", "F16", "BF16")
 # GGUF architectures with an exact import; True = llama.cpp permuted Q/K rows. phi3 and gemma2/3
-# are written by the streamed path only (gguf_fast.streamable, gguf_families).
+# are written by the streamed path only (fast.streamable, families.py).
 ARCHITECTURES = {"llama": True, "mistral": True, "qwen2": False, "qwen3": False,
                  "phi3": False, "gemma2": False, "gemma3": False}
 
