@@ -187,7 +187,7 @@ def data_url(data: bytes) -> str:
     return f"data:image/png;base64,{base64.b64encode(data).decode()}"
 
 
-def test_chat_and_messages_with_an_image_streamed_and_not(srv: ServerThread) -> None:
+def test_chat_messages_and_responses_with_an_image_streamed_and_not(srv: ServerThread) -> None:
     client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="none", max_retries=0, timeout=120)
     content = [{"type": "text", "text": "What is in the image?"},
                {"type": "image_url", "image_url": {"url": data_url(png(seed=3))}}]
@@ -214,6 +214,14 @@ def test_chat_and_messages_with_an_image_streamed_and_not(srv: ServerThread) -> 
     assert "".join(b.text for b in msg.content if b.type == "text") == whole.choices[0].message.content
     with claude.messages.stream(**mkw) as stream:
         assert "".join(stream.text_stream) == whole.choices[0].message.content
+
+    # the Responses API, input_image, streamed and not: the same turn, the same greedy text
+    rkw: dict[str, Any] = {"model": MODEL, "max_output_tokens": 8, "temperature": 0, "input": [{"role": "user", "content": [
+        {"type": "input_text", "text": "What is in the image?"}, {"type": "input_image", "image_url": data_url(png(seed=3))}]}]}
+    resp = client.responses.create(**rkw)
+    assert resp.output_text == whole.choices[0].message.content and resp.usage.input_tokens == whole.usage.prompt_tokens
+    events = list(client.responses.create(**rkw, stream=True))
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == resp.output_text
 
 
 def test_a_bad_image_is_a_400_naming_the_field(srv: ServerThread) -> None:
