@@ -37,7 +37,9 @@ def test_the_encoders_threads_are_niced_and_nobody_else(tmp_path: Path) -> None:
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 3                         # two pool threads besides the caller
     enc = Encoder(tmp_path / "vision.onnx", {}, "image_features", options=opts)
-    assert len(enc.pool) == 2 and not enc.pool & set(others)
+    # ONNX Runtime's two pool threads (a thread some other code started in the same moment would be
+    # counted, and niced, too: at least two, none of those that were there before)
+    assert len(enc.pool) >= 2 and not enc.pool & set(others)
     assert all(_nice(t) >= ENCODER_NICE for t in enc.pool)
     assert {t: _nice(t) for t in others if Path(f"/proc/self/task/{t}").exists()} == \
         {t: n for t, n in others.items() if Path(f"/proc/self/task/{t}").exists()}
