@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ortserve.audio.runner import custom_ops_library
+from ortserve.native import register_custom_ops
 
 FRAMES_PER_SECOND = 50           # encoder positions per second (1500 per 30 s window)
 MEDIAN_WIDTH = 7                 # frames: the median filter over each head's attention
@@ -69,10 +69,7 @@ def attention_decoder(model_dir: Path, layers: set[int], threads: int = 0) -> An
         found.add(layer)
     if found != layers:
         raise ValueError(f"decoder.onnx has no cross-attention node for layers {sorted(layers - found)}")
-    opts = ort.SessionOptions()
-    library = custom_ops_library(model_dir, "decoder")
-    if library is not None:     # the LM head on the native kernels (models/whisper/graph.py, native_q8)
-        opts.register_custom_ops_library(str(library))
+    opts = register_custom_ops(ort.SessionOptions(), model_dir)   # the LM head's native kernels (whisper/graph.py)
     opts.add_session_config_entry("session.model_external_initializers_file_folder_path", str(model_dir))
     if threads > 0:
         opts.intra_op_num_threads = threads

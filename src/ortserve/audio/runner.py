@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from ortserve.native import register_custom_ops
+
 
 def spinning_wanted(setting: bool | str = "auto", load: float | None = None, cores: int | None = None) -> bool:
     """``auto``: spin only when the machine is idle (load average under half the cores)."""
@@ -33,26 +35,10 @@ def spinning_wanted(setting: bool | str = "auto", load: float | None = None, cor
     return bool(load < 0.5 * (cores or os.cpu_count() or 1))
 
 
-def custom_ops_library(model_dir: Path, part: str) -> Path | None:
-    """The custom-op library ``genai_config.json`` names for ``part`` (encoder or decoder): the
-    native kernels the import copied into the folder (models/whisper/graph.py, native_q8), or None."""
-    import json
-
-    try:
-        config = json.loads((Path(model_dir) / "genai_config.json").read_text(encoding="utf-8"))
-        name = config["model"][part].get("session_options", {}).get("custom_ops_library")
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None
-    return (Path(model_dir) / name).resolve() if isinstance(name, str) and name else None
-
-
 def session(path: Path, threads: int, spin: bool) -> Any:
     import onnxruntime as ort
 
-    opts = ort.SessionOptions()
-    library = custom_ops_library(path.parent, path.stem)
-    if library is not None:
-        opts.register_custom_ops_library(str(library))
+    opts = register_custom_ops(ort.SessionOptions(), path.parent, path.stem)   # the folder's native kernels
     opts.add_session_config_entry("session.model_external_initializers_file_folder_path", str(path.parent))
     opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
     if threads > 0:

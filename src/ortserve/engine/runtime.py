@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ortserve.errors import DependencyMissing
+from ortserve.native import custom_ops_library, register_custom_ops  # noqa: F401 - the engine's names for them
 
 log = logging.getLogger("ortserve.runtime")
 
@@ -139,28 +140,6 @@ def session_options(settings: Any, model_options: dict[str, Any] | None = None) 
     so.enable_cpu_mem_arena = bool(getattr(settings, "enable_mem_arena", True))
     spin = "1" if spinning_wanted(getattr(settings, "thread_spinning", "auto")) else "0"
     so.add_session_config_entry("session.intra_op.allow_spinning", spin)
-    return so
-
-
-def custom_ops_library(model_dir: Path) -> Path | None:
-    """The custom-op library a model folder's graph needs (genai_config.json's decoder
-    ``session_options.custom_ops_library``, a file inside the folder: the GGUF-native kernels of
-    models/gguf/native.py), or None."""
-    import json
-
-    try:
-        cfg = json.loads((Path(model_dir) / "genai_config.json").read_text(encoding="utf-8"))
-        name = cfg["model"]["decoder"].get("session_options", {}).get("custom_ops_library")
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None
-    return (Path(model_dir) / name).resolve() if isinstance(name, str) and name else None
-
-
-def register_custom_ops(so: Any, model_dir: Path) -> Any:
-    """Register the model folder's custom-op library (if it names one) in ``so``; returns ``so``."""
-    lib = custom_ops_library(model_dir)
-    if lib is not None:
-        so.register_custom_ops_library(str(lib))
     return so
 
 

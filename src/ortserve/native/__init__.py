@@ -138,6 +138,28 @@ def register(session_options: Any, native: NativeStatus | None = None) -> bool:
     return True
 
 
+def custom_ops_library(model_dir: Path, part: str = "decoder") -> Path | None:
+    """The custom-op library a model folder's ``part`` graph needs (genai_config.json's
+    ``model.<part>.session_options.custom_ops_library``, a file inside the folder: these kernels, as
+    models/gguf/native.py and models/whisper/graph.py install them), or None."""
+    import json
+
+    try:
+        cfg = json.loads((Path(model_dir) / "genai_config.json").read_text(encoding="utf-8"))
+        name = cfg["model"][part].get("session_options", {}).get("custom_ops_library")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return (Path(model_dir) / name).resolve() if isinstance(name, str) and name else None
+
+
+def register_custom_ops(so: Any, model_dir: Path, part: str = "decoder") -> Any:
+    """Register the model folder's custom-op library for ``part`` (if it names one) in ``so``; returns ``so``."""
+    lib = custom_ops_library(model_dir, part)
+    if lib is not None:
+        so.register_custom_ops_library(str(lib))
+    return so
+
+
 def install_into(folder: Path, native: NativeStatus | None = None) -> Path | None:
     """Copies the library into a model folder (onnxruntime-genai loads a `custom_ops_library` only
     from inside it); returns the copy, or None when the ops are not active."""
