@@ -122,12 +122,19 @@ def int8_encoder(encoder: Path, only: tuple[str, ...] = ATTENTION) -> int:
     if done:
         del g.node[:]
         g.node.extend(nodes)
-        data = encoder.with_name(encoder.name + ".data")
-        data.unlink(missing_ok=True)
-        onnx.save(model, str(encoder), save_as_external_data=True, all_tensors_to_one_file=True,
-                  location=data.name, size_threshold=1024)
-        data.chmod(0o644)
+        _save(model, encoder)
     return done
+
+
+def _save(model: Any, path: Path) -> None:
+    """Write ``model`` over ``path``, its tensors in a fresh ``<name>.data`` beside it."""
+    import onnx
+
+    data = path.with_name(path.name + ".data")
+    data.unlink(missing_ok=True)
+    onnx.save(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+              location=data.name, size_threshold=1024)
+    data.chmod(0o644)
 
 
 def q8_0_rows(q: np.ndarray, scales: np.ndarray) -> np.ndarray | None:
@@ -183,9 +190,5 @@ def native_q8(path: Path, only: tuple[str, ...]) -> int:
     if done:
         if not any(o.domain == NATIVE_DOMAIN for o in model.opset_import):
             model.opset_import.append(helper.make_opsetid(NATIVE_DOMAIN, 1))
-        data = path.with_name(path.name + ".data")
-        data.unlink(missing_ok=True)
-        onnx.save(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-                  location=data.name, size_threshold=1024)
-        data.chmod(0o644)
+        _save(model, path)
     return done
