@@ -47,6 +47,28 @@ def pct(xs: list[float], q: float) -> float:
     return float(s[min(len(s) - 1, round(q * (len(s) - 1)))])
 
 
+def story_body(model: str, part: int, max_tokens: int) -> dict[str, Any]:
+    """A streamed greedy chat that runs exactly ``max_tokens`` tokens (the beside-load benchmarks' text stream)."""
+    return {"model": model, "stream": True, "max_tokens": max_tokens, "min_tokens": max_tokens, "temperature": 0,
+            "messages": [{"role": "user", "content": f"Write a long story about a lighthouse, part {part}."}]}
+
+
+def stream_gaps(url: str, body: dict[str, Any], out: list[float], timeout: float = 900) -> None:
+    """POST ``body`` to ``url``/v1/chat/completions as a stream; append the seconds between its data chunks to ``out``."""
+    import httpx
+
+    last = None
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=timeout) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            now = time.perf_counter()
+            if last is not None:
+                out.append(now - last)
+            last = now
+
+
 def emit(result: dict[str, Any]) -> None:
     print(json.dumps(result, indent=2))
 

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import httpx
-from _common import emit, machine, median, model_dir, pct
+from _common import emit, machine, median, model_dir, pct, story_body, stream_gaps
 
 from ortserve.loopback import wait_healthy
 
@@ -29,17 +29,7 @@ def chat_gaps(url: str, streams: int, max_tokens: int) -> list[float]:
     """Gaps between streamed chunks over ``streams`` sequential greedy chat streams."""
     gaps: list[float] = []
     for i in range(streams):
-        body = {"model": "default", "stream": True, "max_tokens": max_tokens, "temperature": 0, "min_tokens": max_tokens,
-                "messages": [{"role": "user", "content": f"Write a long story about a lighthouse, part {i}."}]}
-        last = None
-        with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=300) as r:
-            for line in r.iter_lines():
-                if not line.startswith("data: {"):
-                    continue
-                now = time.perf_counter()
-                if last is not None:
-                    gaps.append(now - last)
-                last = now
+        stream_gaps(url, story_body("default", i, max_tokens), gaps, timeout=300)
     return gaps
 
 

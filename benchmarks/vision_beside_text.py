@@ -26,7 +26,7 @@ import time
 
 import httpx
 import numpy as np
-from _common import emit, machine, median, pct
+from _common import emit, machine, median, pct, story_body, stream_gaps
 
 from ortserve.loopback import wait_healthy
 
@@ -40,24 +40,9 @@ def png(seed: int, size: int) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
-def stream_gaps(url: str, model: str, i: int, max_tokens: int, out: list[float]) -> None:
-    body = {"model": model, "stream": True, "max_tokens": max_tokens, "min_tokens": max_tokens, "temperature": 0,
-            "messages": [{"role": "user", "content": f"Write a long story about a lighthouse, part {i}."}]}
-    last = None
-    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=900) as r:
-        r.raise_for_status()
-        for line in r.iter_lines():
-            if not line.startswith("data: {"):
-                continue
-            now = time.perf_counter()
-            if last is not None:
-                out.append(now - last)
-            last = now
-
-
 def text_phase(url: str, model: str, streams: int, max_tokens: int, base: int) -> list[float]:
     gaps: list[list[float]] = [[] for _ in range(streams)]
-    threads = [threading.Thread(target=stream_gaps, args=(url, model, base + i, max_tokens, gaps[i]))
+    threads = [threading.Thread(target=stream_gaps, args=(url, story_body(model, base + i, max_tokens), gaps[i]))
                for i in range(streams)]
     for t in threads:
         t.start()
@@ -99,7 +84,7 @@ def main() -> None:
             {"role": "user", "content": [{"type": "text", "text": "Hi"},
                                          {"type": "image_url", "image_url": {"url": png(999, args.size)}}]}]}
                    ).raise_for_status()                                    # loads the model, warms the encoder
-        stream_gaps(url, args.model, 99, 8, warm)
+        stream_gaps(url, story_body(args.model, 99, 8), warm)
         idle = text_phase(url, args.model, args.streams, args.max_tokens, 0)
         stop, done = threading.Event(), []
         workers = [threading.Thread(target=image_loop, args=(url, args.model, args.size, s + 1, stop, done))
