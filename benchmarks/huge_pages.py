@@ -30,8 +30,9 @@ def child(args: argparse.Namespace) -> None:
     import numpy as np
 
     from ortserve.config import load_settings
+    from ortserve.engine.huge_pages import huge_page_bytes
     from ortserve.engine.runner import ModelSpec, Runner
-    from ortserve.engine.runtime import huge_page_bytes, session_options
+    from ortserve.engine.runtime import session_options
 
     path, _ = model_dir(args.model)
     so = session_options(load_settings(intra_op_threads=args.threads, thread_spinning=args.spin))

@@ -31,8 +31,8 @@ import numpy as np
 from _common import emit, machine, median, model_dir
 
 from ortserve.engine.graph import lm_head
+from ortserve.engine.huge_pages import anon_mappings, use_huge_pages
 from ortserve.engine.runner import ModelSpec, Runner
-from ortserve.engine.runtime import anon_mappings, use_huge_pages
 
 
 def mixed_step_graph(onnx_path: Path) -> bytes:

@@ -18,9 +18,10 @@ from typing import Any
 import numpy as np
 
 from ortserve.engine.graph import LOGIT_ROWS, gather_positions, load_decoder
+from ortserve.engine.huge_pages import anon_mappings, hand_native_weights, use_huge_pages
 from ortserve.engine.kvcache import DeviceKV, HostKV, device_of
 from ortserve.engine.lora import Adapter, LoraInputs, add_lora, find_targets, split_key
-from ortserve.engine.runtime import anon_mappings, register_custom_ops, use_huge_pages
+from ortserve.engine.runtime import register_custom_ops
 from ortserve.engine.spec import ModelSpec
 from ortserve.errors import ModelError
 
@@ -88,6 +89,16 @@ class Runner:
                                                      str(spec.onnx_path.parent))
         self.last_logits_only = bool(sliced)
         huge_pages = huge_pages and device_of(providers[0]) == "cpu"
+        # the GGUF-native ops read the file's blocks in place: into huge pages first, then handed
+        # to the session as initializers it does not copy (engine/huge_pages.py)
+        self._native_weights = None
+        if huge_pages and spec.session_options.get("custom_ops_library"):
+            graph = proto if proto is not None else load_decoder(spec.onnx_path)
+            try:
+                self._native_weights = hand_native_weights(session_options, graph, spec.onnx_path.parent)
+            except OSError as exc:
+                raise ModelError(f"cannot load {spec.onnx_path}: {exc}",
+                                 hint="the model file may be corrupt; `ortserve models verify` checks it") from exc
         before = anon_mappings() if huge_pages else set()
         try:
             self.session = ort.InferenceSession(model, session_options, providers=providers)
@@ -95,7 +106,8 @@ class Runner:
             raise ModelError(f"cannot load {spec.onnx_path}: {str(exc).splitlines()[0]}",
                              hint="the model file may be corrupt; `ortserve models verify` checks it") from exc
         # the weights were just prepacked into fresh 4 KB pages: a decode step reads them all
-        self.huge_page_bytes = use_huge_pages(before) if huge_pages else 0
+        self.huge_page_bytes = (use_huge_pages(before) if huge_pages else 0) + \
+            (self._native_weights.nbytes if self._native_weights else 0)
         inputs = {i.name: i for i in self.session.get_inputs()}
         # a decoder fed token ids, or one fed inputs_embeds (engine/embeds_runner.py feeds those)
         if not inputs.keys() & {"input_ids", "inputs_embeds"} or "past_key_values.0.key" not in inputs:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from ortserve.errors import DependencyMissing
@@ -155,98 +154,3 @@ def spinning_wanted(setting: bool | str, loadavg: Any = None, cores: int | None 
     except (OSError, AttributeError):  # Windows has no load average: a desktop, so no spinning
         return False
     return bool(load < 0.5 * (cores or os.cpu_count() or 1))
-
-
-# ---- transparent huge pages for a model's weights (Linux) ------------------------------------
-_MADV_HUGEPAGE = 14
-_MADV_COLLAPSE = 25  # Linux 6.1+: make huge pages of what is already there, now
-_THP_ENABLED = "/sys/kernel/mm/transparent_hugepage/enabled"
-
-
-def thp_enabled() -> bool:
-    """Whether this kernel offers transparent huge pages (mode ``always`` or ``madvise``)."""
-    try:
-        mode = Path(_THP_ENABLED).read_text(encoding="ascii")
-    except OSError:  # not Linux, or no THP support
-        return False
-    return bool(mode) and "[never]" not in mode
-
-
-def anon_mappings(maps: str | None = None) -> set[tuple[int, int]]:
-    """This process's private anonymous read-write mappings (``/proc/self/maps``) as (start, end);
-    empty where there is no such file (not Linux)."""
-    if maps is None:
-        try:
-            maps = Path("/proc/self/maps").read_text(encoding="ascii")
-        except OSError:
-            return set()
-    out = set()
-    for line in maps.splitlines():
-        parts = line.split()
-        # address perms offset dev inode [path]: anonymous = inode 0 and no path (or the brk heap)
-        if len(parts) < 5 or parts[1] != "rw-p" or parts[4] != "0" or parts[5:] not in ([], ["[heap]"]):
-            continue
-        start, end = (int(x, 16) for x in parts[0].split("-"))
-        out.add((start, end))
-    return out
-
-
-def huge_page_bytes() -> int:
-    """Bytes of this process's anonymous memory in transparent huge pages (0 where unknown)."""
-    try:
-        for line in Path("/proc/self/smaps_rollup").read_text(encoding="ascii").splitlines():
-            if line.startswith("AnonHugePages:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
-
-
-def use_huge_pages(before: set[tuple[int, int]], min_bytes: int = 4 << 20) -> int:
-    """Back the large anonymous mappings made since ``before`` with transparent huge pages.
-
-    Called right after a session loads: those mappings hold the weights ONNX Runtime prepacked
-    (~110 MB for the default model), which every decode step reads end to end. glibc's malloc
-    gives them 4 KB pages unless the system's THP mode is ``always``, so a step pays a TLB miss
-    every 4 KB; in 2 MB pages a greedy step took ~15% less time (docs/bench.md, issue 22).
-    ``MADV_HUGEPAGE`` marks them, ``MADV_COLLAPSE`` (Linux 6.1+) converts the pages already
-    there. Returns the bytes advised (0: not Linux, THP off, or nothing new).
-    """
-    if not thp_enabled():
-        return 0
-    import ctypes
-
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        madvise = libc.madvise
-    except (OSError, AttributeError):
-        return 0
-    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    madvise.restype = ctypes.c_int
-    advised = 0
-    for start, end in new_ranges(before, anon_mappings()):
-        if end - start < min_bytes:
-            continue
-        if madvise(start, end - start, _MADV_HUGEPAGE) == 0:
-            advised += end - start
-            madvise(start, end - start, _MADV_COLLAPSE)  # best effort: older kernels say EINVAL
-    return advised
-
-
-def new_ranges(before: set[tuple[int, int]], after: set[tuple[int, int]]) -> list[tuple[int, int]]:
-    """The address ranges of ``after`` that no mapping of ``before`` covered. The kernel merges
-    adjacent anonymous mappings, so a new one may have grown an old one (another session's
-    weights): only the new part is returned."""
-    old = sorted(before)
-    out = []
-    for start, end in sorted(after):
-        pos = start
-        for a, b in old:
-            if b <= pos or a >= end:
-                continue
-            if a > pos:
-                out.append((pos, a))
-            pos = max(pos, b)
-        if pos < end:
-            out.append((pos, end))
-    return out
