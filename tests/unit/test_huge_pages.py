@@ -129,6 +129,9 @@ def test_native_weights_outside_the_folder_inside_the_graph_or_cut_short_are_lef
     (tmp_path / "model.onnx.data").write_bytes(b"\0" * 8192)
     assert load_native_weights(proto, tmp_path / "m") is None  # a path out of the folder: not read
     proto, _ = _native_graph(tmp_path, 4, 32)
+    del proto.graph.initializer[0].external_data[2]  # no length: "to the end of the file"
+    assert load_native_weights(proto, tmp_path) is None
+    proto, _ = _native_graph(tmp_path, 4, 32)
     proto.graph.initializer[0].data_location = 0  # stored in the graph: nothing to read
     assert load_native_weights(proto, tmp_path) is None
     proto, data = _native_graph(tmp_path, 4, 32)

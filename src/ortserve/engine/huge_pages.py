@@ -178,8 +178,8 @@ def load_native_weights(proto: Any, folder: Path) -> NativeWeights | None:
             return None
         info = {e.key: e.value for e in tensor.external_data}
         path = (folder / info.get("location", "")).resolve()
-        if path.parent != folder and folder not in path.parents:
-            return None
+        if (path.parent != folder and folder not in path.parents) or "length" not in info:
+            return None  # outside the folder, or "to the end of the file": onnxruntime's to judge
         plan.append((tensor, path, int(info.get("offset", 0)), int(info["length"])))
     if not plan:
         return None
