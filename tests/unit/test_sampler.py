@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import numpy as np
 import pytest
@@ -122,3 +123,45 @@ def test_a_masked_seen_token_stays_masked_under_any_penalty(kw: dict) -> None:
         row = apply_penalties(logits.copy(), params, prompt_ids=[1, 2, 3], counts={4: 2})
     assert not np.isnan(row).any() and row[2] == -np.inf
     assert row[sample(row, params, make_rng(0))] == row.max()   # the top token (penalty 10 moves it)
+
+
+def big_row() -> np.ndarray:
+    """A vocabulary-sized row of large logits, as a model gives them: noise around 0, then a top token
+    at 80.0 (id 123), 79.5 (id 7) and 79.0 (id 31000)."""
+    row = np.random.default_rng(0).normal(0.0, 3.0, 32000).astype(np.float32)
+    row[[123, 7, 31000]] = 80.0, 79.5, 79.0
+    return row
+
+
+@pytest.mark.parametrize("t", [1e-6, 1e-3, 1e-310, 5e-324])
+@pytest.mark.parametrize("cuts", [{}, {"top_p": 0.9}, {"top_k": 40}, {"min_p": 0.05}, {"typical_p": 0.9}])
+def test_a_tiny_temperature_is_greedy_and_quiet(t: float, cuts: dict) -> None:
+    """At a temperature near 0 every other token's weight exp(-gap / t) is exactly 0 in float64 (the
+    smallest gap here is 0.5: exp(-500) at 1e-3), so the draw is the argmax, whatever the seed. Below
+    ~1e-308 the quotient -gap / t overflowed to -inf with a RuntimeWarning (exact, but in the log);
+    now no floating-point warning at all."""
+    row = big_row()
+    params = SamplingParams(temperature=t, **cuts)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with np.errstate(all="raise"):
+            picks = {sample(row.copy(), params, make_rng(seed)) for seed in range(20)}
+    assert picks == {int(np.argmax(row))} == {123}
+
+
+def test_temperature_0_7_on_large_logits_draws_softmax_of_logits_over_t() -> None:
+    """At 0.7 the top three (80, 79.5, 79) take softmax(x / 0.7) of the mass: 0.578, 0.283, 0.139;
+    the noise around 0 has about e^-100 of it. Seeded: the same draws each run, and no warning."""
+    row = big_row()
+    x = row.astype(np.float64) / 0.7
+    want = np.exp(x - x.max())
+    want /= want.sum()
+    rng, n = make_rng(11), 2000
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        picks = [sample(row.copy(), SamplingParams(temperature=0.7), rng) for _ in range(n)]
+    assert all(0 <= p < row.size for p in picks)
+    assert set(picks) <= {123, 7, 31000}
+    got = np.bincount(picks, minlength=row.size) / n
+    for tok in (123, 7, 31000):   # 4.5 standard deviations at n=2000
+        assert abs(got[tok] - want[tok]) < 0.05, (tok, got[tok], want[tok])

@@ -6,6 +6,8 @@ depend on what else is in the batch.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ortserve.types import SamplingParams
@@ -57,11 +59,11 @@ def sample(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator)
     k = params.top_k if params.top_k and params.top_k < logits.size else 0
     if k == 0 and params.top_p >= 1.0 and params.min_p == 0 and params.typical_p >= 1.0:
         x = logits.astype(np.float64)
-        p = np.exp((x - x.max()) / t)  # the max subtracted first: a tiny temperature gives 0s, not inf - inf
+        p = _weights(x, x.max(), t)
         return int(np.searchsorted(np.cumsum(p), rng.random() * p.sum(), side="right").clip(0, x.size - 1))
     idx, total = _candidates(logits, k, params)
     x = logits[idx].astype(np.float64)
-    p = np.exp((x - x[0]) / t)       # idx[0] is the most likely token: p[0] == 1
+    p = _weights(x, x[0], t)         # idx[0] is the most likely token: p[0] == 1
     if total == 0.0:                 # the candidates are the whole distribution (after min_p / top_k)
         total = float(p.sum())
     if params.top_p < 1.0:           # the nucleus, as a share of what min_p and top_k left
@@ -95,12 +97,22 @@ def token_logprobs(logits: np.ndarray, token: int, top: int) -> tuple[int, float
     return token, float(x[token] - lse), alts
 
 
+def _weights(x: np.ndarray, top: float, t: float) -> np.ndarray:
+    """exp((x - top) / t) in float64 for logits ``x`` <= ``top``: each token's probability relative to
+    the most likely one (1.0 at it). The max is subtracted before dividing, so a tiny temperature gives
+    0s, not inf - inf; a temperature so small that the quotient overflows (5e-324: -80 / 5e-324) gives
+    -inf there, whose weight is exactly 0 as in the limit: neither that overflow nor exp's underflow
+    to 0 is an error (numpy warns of the first by default)."""
+    with np.errstate(over="ignore", under="ignore"):
+        return np.exp((x - top) / t)
+
+
 def _candidates(logits: np.ndarray, k: int, params: SamplingParams) -> tuple[np.ndarray, float]:
     """Token ids sorted most likely first, after min_p and top_k, holding every token top_p and
     typical_p can keep; and the mass top_p is measured against (0.0: the candidates' own)."""
     if params.min_p > 0:             # p / p_max >= min_p  <=>  logit >= max + T log(min_p)
         top = float(logits.max())
-        idx = np.flatnonzero(logits >= top + params.temperature * np.log(params.min_p))
+        idx = np.flatnonzero(logits >= top + params.temperature * math.log(params.min_p))
         idx = idx[np.argsort(-logits[idx], kind="stable")]
         return (idx[:k] if k else idx), 0.0
     if k:
@@ -108,11 +120,11 @@ def _candidates(logits: np.ndarray, k: int, params: SamplingParams) -> tuple[np.
         return idx[np.argsort(-logits[idx], kind="stable")], 0.0
     x, t = logits.astype(np.float64), params.temperature   # order only: the temperature scales the gaps
     top = float(x.max())
-    total = float(np.exp((x - top) / t).sum())
+    total = float(_weights(x, top, t).sum())
     if params.top_p < 1.0 and x.size > _CANDIDATES:
         idx = np.argpartition(x, x.size - _CANDIDATES)[-_CANDIDATES:]
         idx = idx[np.argsort(-x[idx], kind="stable")]
-        if np.exp((x[idx] - top) / t).sum() / total >= params.top_p:
+        if _weights(x[idx], top, t).sum() / total >= params.top_p:
             return idx, total
     return np.argsort(-x, kind="stable"), total  # the nucleus is wider than the candidates, or typical_p only
 
