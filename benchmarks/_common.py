@@ -73,6 +73,24 @@ def emit(result: dict[str, Any]) -> None:
     print(json.dumps(result, indent=2))
 
 
+def runtime_args(ap: Any, threads: int = 2) -> None:
+    """``--threads`` (ONNX Runtime's intra-op threads) and ``--spin`` on an ArgumentParser."""
+    ap.add_argument("--threads", type=int, default=threads, help="intra-op threads")
+    ap.add_argument("--spin", action="store_true", help="let ONNX Runtime threads spin (off: as the engine runs "
+                                                        "on a loaded machine)")
+
+
+def result_head(benchmark: str, args: Any, **fields: Any) -> dict[str, Any]:
+    """The opening fields of a benchmark's JSON: its name, ``fields``, the machine, and the
+    ``runtime_args`` it ran with."""
+    return {"benchmark": benchmark, **fields, "machine": machine(), "threads": args.threads, "spinning": args.spin}
+
+
+def emit_with_load(result: dict[str, Any]) -> None:
+    """``emit`` with the load average at the end beside the one at the start (``machine()``)."""
+    emit({**result, "loadavg_at_end": os.getloadavg()})
+
+
 class RawOg:
     """onnxruntime-genai's own Generator on the same model: the reference figures."""
 

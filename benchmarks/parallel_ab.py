@@ -15,9 +15,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-from typing import Any
 
-from _common import emit, machine, median
+from _common import emit_with_load, median, result_head, runtime_args
 from vs_llamacpp import engine_parallel, heldout_text, parallel_prompts
 
 from ortserve.config import load_settings
@@ -31,15 +30,13 @@ def main() -> None:
     ap.add_argument("--streams", type=int, default=16)
     ap.add_argument("--gen", type=int, default=128)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--spin", action="store_true", help="let ONNX Runtime threads spin")
+    runtime_args(ap)
     args = ap.parse_args()
     n = args.streams
     settings = load_settings(max_batch=n, intra_op_threads=args.threads, thread_spinning=args.spin)
     engines = {k: AsyncEngine.load(p, settings) for k, p in (("a", args.a), ("b", args.b))}
     prompts = parallel_prompts(engines["a"], engines["a"].codec.encode(heldout_text(), add_special_tokens=False), n)
-    result: dict[str, Any] = {"benchmark": "parallel_ab", "a": args.a, "b": args.b, "machine": machine(),
-                              "streams": n, "gen": args.gen, "threads": args.threads, "spinning": args.spin}
+    result = result_head("parallel_ab", args, a=args.a, b=args.b, streams=n, gen=args.gen)
 
     async def run() -> None:
         for e in engines.values():
@@ -58,8 +55,7 @@ def main() -> None:
                        "loadavg_per_rep": loads})
 
     asyncio.run(run())
-    result["loadavg_at_end"] = os.getloadavg()
-    emit(result)
+    emit_with_load(result)
 
 
 if __name__ == "__main__":

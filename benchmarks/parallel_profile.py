@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
-from _common import emit, machine, model_dir
+from _common import emit_with_load, model_dir, result_head, runtime_args
 
 from ortserve.engine.runner import ModelSpec, Runner
 
@@ -69,12 +69,12 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=16)
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--steps", type=int, default=24)
-    ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--lib", default=None, help="another libortserve_gguf.so to run the graph on")
-    ap.add_argument("--spin", action="store_true", help="let ONNX Runtime's threads spin (off: as the engine "
-                                                         "runs on a loaded machine)")
+    runtime_args(ap)
     args = ap.parse_args()
     path, mid = model_dir(args.model)
+    head = result_head("parallel_profile", args, model=mid, rows=args.rows, steps=args.steps, prompt=args.prompt,
+                       library=args.lib or "model folder's")   # the machine's load at the start
     if args.lib:
         path = with_library(Path(path), args.lib)
     spec = ModelSpec.read(path)
@@ -116,16 +116,15 @@ def main() -> None:
         count[part] += 1
     total = sum(us.values())
     steps = args.steps
-    emit({"benchmark": "parallel_profile", "model": mid, "machine": machine(), "rows": n,
-          "threads": args.threads, "spinning": args.spin, "steps": steps, "prompt": args.prompt, "library": args.lib or "model folder's",
+    emit_with_load({
+          **head,
           "step_ms_median": round(1e3 * float(np.median(walls)), 2),
           "model_run_ms_median": round(float(np.median([e["dur"] for e in runs])) / 1e3, 2),
           "cpu_ms_per_step_median": round(1e3 * float(np.median(cpus)), 2),
           "kernel_ms_per_step": round(total / steps / 1e3, 2),
           "tok_s": round(n / float(np.median(walls)), 1),
           "parts": {k: {"ms_per_step": round(us[k] / steps / 1e3, 3), "share": round(us[k] / total, 4),
-                        "nodes_per_step": count[k] // steps} for k in sorted(us, key=lambda k: -us[k])},
-          "loadavg_at_end": os.getloadavg()})
+                        "nodes_per_step": count[k] // steps} for k in sorted(us, key=lambda k: -us[k])}})
 
 
 if __name__ == "__main__":
