@@ -56,6 +56,36 @@ PATCH = ("v.patch_embd.weight", "v.patch_embd.weight.1")
 FLOATS = ("F32", "F16", "BF16")
 
 
+@dataclass(frozen=True)
+class Names:
+    """One file's renaming: ``<block>.N.<gguf>`` -> ``<hf_block>.N.<hf>`` by ``per_block``, any
+    other name by ``top``; what is not in either is refused with ``refusal``."""
+
+    block: str
+    hf_block: str
+    per_block: dict[str, str]
+    top: dict[str, str]
+    refusal: str
+    hint: str
+
+
+TEXT = Names("blk", "model.layers", TEXT_BLOCK, TEXT_TOP, "a Qwen2.5-VL text model",
+             "convert the model with llama.cpp's convert_hf_to_gguf.py")
+VISION = Names("v.blk", "visual.blocks", VISION_BLOCK, VISION_TOP, "a Qwen2.5-VL vision tower",
+               "use an mmproj made by llama.cpp's convert_hf_to_gguf.py --mmproj")
+
+
+def hf_name(gguf_name: str, file: str, names: Names) -> str:
+    """The Hugging Face name of one GGUF tensor of ``file`` (``blk.3.attn_q.weight`` ->
+    ``model.layers.3.self_attn.q_proj.weight``); a name the map lacks is a ModelError."""
+    m = re.fullmatch(re.escape(names.block) + r"\.(\d+)\.(.+)", gguf_name)
+    hf = f"{names.hf_block}.{m.group(1)}.{names.per_block[m.group(2)]}" if m and m.group(2) in names.per_block \
+        else names.top.get(gguf_name)
+    if hf is None:
+        raise ModelError(f"{file}: tensor {gguf_name} is not part of {names.refusal} ortserve knows", hint=names.hint)
+    return hf
+
+
 @dataclass
 class Out:
     """One Hugging Face tensor: its name, shape, the GGUF tensors it is made of and how."""
@@ -101,15 +131,7 @@ def _temporal(ws: list[np.ndarray]) -> np.ndarray:
 
 def plan(text: Any, text_name: str, vision: Any, vision_name: str) -> list[Out]:
     """Every Hugging Face tensor of the pair, in file order; refuses a tensor the map lacks."""
-    out: list[Out] = []
-    for t in text.tensors:
-        m = re.fullmatch(r"blk\.(\d+)\.(.+)", t.name)
-        hf = f"model.layers.{m.group(1)}.{TEXT_BLOCK[m.group(2)]}" if m and m.group(2) in TEXT_BLOCK \
-            else TEXT_TOP.get(t.name)
-        if hf is None:
-            raise ModelError(f"{text_name}: tensor {t.name} is not part of a Qwen2.5-VL text model ortserve knows",
-                             hint="convert the model with llama.cpp's convert_hf_to_gguf.py")
-        out.append(Out(hf, shape_of(t), [(t, text_name)], _one))
+    out = [Out(hf_name(t.name, text_name, TEXT), shape_of(t), [(t, text_name)], _one) for t in text.tensors]
     tensors = {t.name: t for t in vision.tensors}
     fused: dict[str, list[Any]] = {}
     for t in vision.tensors:
@@ -127,12 +149,7 @@ def plan(text: Any, text_name: str, vision: Any, vision_name: str) -> list[Out]:
                 out.append(Out("visual.patch_embed.proj.weight", (shape[0], shape[1], 2, *shape[2:]),
                                [(h, vision_name) for h in halves], _temporal))
             continue
-        hf = f"visual.blocks.{m.group(1)}.{VISION_BLOCK[m.group(2)]}" if m and m.group(2) in VISION_BLOCK \
-            else VISION_TOP.get(t.name)
-        if hf is None:
-            raise ModelError(f"{vision_name}: tensor {t.name} is not part of a Qwen2.5-VL vision tower ortserve knows",
-                             hint="use an mmproj made by llama.cpp's convert_hf_to_gguf.py --mmproj")
-        out.append(Out(hf, shape_of(t), [(t, vision_name)], _one))
+        out.append(Out(hf_name(t.name, vision_name, VISION), shape_of(t), [(t, vision_name)], _one))
     for hf, parts in fused.items():
         by = {p.name.split(".")[3].removeprefix("attn_"): p for p in parts}   # v.blk.N.attn_q.weight -> q
         if sorted(by) != ["k", "q", "v"]:
