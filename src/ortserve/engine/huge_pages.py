@@ -73,17 +73,9 @@ def use_huge_pages(before: set[tuple[int, int]], min_bytes: int = 4 << 20) -> in
     ``MADV_HUGEPAGE`` marks them, ``MADV_COLLAPSE`` (Linux 6.1+) converts the pages already
     there. Returns the bytes advised (0: not Linux, THP off, or nothing new).
     """
-    if not thp_enabled():
+    madvise = _madvise() if thp_enabled() else None
+    if madvise is None:
         return 0
-    import ctypes
-
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        madvise = libc.madvise
-    except (OSError, AttributeError):
-        return 0
-    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    madvise.restype = ctypes.c_int
     advised = 0
     for start, end in new_ranges(before, anon_mappings()):
         if end - start < min_bytes:
@@ -191,7 +183,9 @@ def load_native_weights(proto: Any, folder: Path) -> NativeWeights | None:
     buf = mmap.mmap(-1, total + _HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     whole = np.frombuffer(buf, dtype=np.uint8)
     shift = -whole.ctypes.data % _HUGE  # 2 MB-aligned, so every 2 MB of it can be one huge page
-    _advise(whole.ctypes.data + shift, total)
+    madvise = _madvise()
+    if madvise is not None:
+        madvise(whole.ctypes.data + shift, total, _MADV_HUGEPAGE)
     data = whole[shift:shift + total]
     out = NativeWeights(buffer=(buf, whole), nbytes=total)
     files: dict[Path, Any] = {}
@@ -225,12 +219,14 @@ def hand_native_weights(session_options: Any, proto: Any, folder: Path) -> Nativ
     return weights
 
 
-def _advise(addr: int, length: int) -> None:
+def _madvise() -> Any:
+    """libc's ``madvise(addr, length, advice) -> int``, or None where there is none."""
     import ctypes
 
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        libc.madvise(addr, length, _MADV_HUGEPAGE)
+        madvise = ctypes.CDLL(None, use_errno=True).madvise
     except (OSError, AttributeError):
-        pass
+        return None
+    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    madvise.restype = ctypes.c_int
+    return madvise
