@@ -73,19 +73,12 @@ def config(size: str) -> dict[str, Any]:
 
 def build_hf(out: Path, size: str) -> None:
     """The random Qwen2.5-VL directory (run in a child: torch stays out of the client)."""
-    import torch
     import vision_material as vm
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
     tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    torch.manual_seed(0)
-    model = Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(**config(size))).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" not in name:
-                p.normal_(0.0, 0.08 if size == "tiny" else 0.03)
-    model.save_pretrained(str(tmp), safe_serialization=True)
+    vm.save_random_model(tmp, Qwen2_5_VLForConditionalGeneration, Qwen2_5_VLConfig, config(size),
+                         std=0.08 if size == "tiny" else 0.03)
     vm.qwen25_tokenizer(tmp)
     pre = {**vm.preprocessor_config(), "max_pixels": 1003520}   # a 448x448 image is not resized
     (tmp / "preprocessor_config.json").write_text(json.dumps(pre), encoding="utf-8")

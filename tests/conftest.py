@@ -111,11 +111,6 @@ def tiny_vl(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, objec
     own import once per session: (the Hugging Face dir, its ORTSERVE_HOME, the store variant).
     Shared by the vision tests of the chat APIs, the Ollama API and the web page."""
     pytest.importorskip("mobius")
-    from tests.integration.vision_material import build_hf_dir
+    from tests.integration.vision_material import build_hf_dir, import_material
 
-    from ortserve.models.importer import import_path
-    from ortserve.models.store import ModelStore
-
-    hf = build_hf_dir(tmp_path_factory.mktemp("vl") / "hf")
-    home = tmp_path_factory.mktemp("vl-home")
-    return hf, home, import_path(ModelStore(home / "models"), hf, model_id="tiny-vl")
+    return import_material(tmp_path_factory, build_hf_dir, "vl", "tiny-vl")

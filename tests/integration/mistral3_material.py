@@ -9,7 +9,6 @@ models) with Mistral 3's three image tokens added after it: ``[IMG]`` 32000, ``[
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -79,23 +78,15 @@ def preprocessor_config() -> dict[str, Any]:
 
 
 def build_hf_dir(out: Path, seed: int = 0) -> Path:
-    """A Hugging Face Mistral 3 directory with random weights (config.json, safetensors, tokenizer)."""
-    import torch
+    """A Hugging Face Mistral 3 directory with random weights (config.json, safetensors, tokenizer),
+    built as vision_material.py builds Qwen2.5-VL's."""
+    from tests.integration.vision_material import save_random_model, write_json
     from transformers import Mistral3Config, Mistral3ForConditionalGeneration
 
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
-    torch.manual_seed(seed)
-    model = Mistral3ForConditionalGeneration(Mistral3Config(**tiny_config())).eval()
-    with torch.no_grad():  # larger than the default init so an image visibly moves the logits
-        for name, p in model.named_parameters():
-            if "norm" not in name:
-                p.normal_(0.0, 0.08)
-    model.save_pretrained(str(out), safe_serialization=True)
+    save_random_model(out, Mistral3ForConditionalGeneration, Mistral3Config, tiny_config(), seed)
     mistral3_tokenizer(out)
-    (out / "preprocessor_config.json").write_text(json.dumps(preprocessor_config()), encoding="utf-8")
-    (out / "processor_config.json").write_text(json.dumps({
+    write_json(out / "preprocessor_config.json", preprocessor_config())
+    write_json(out / "processor_config.json", {
         "processor_class": "PixtralProcessor", "patch_size": 14, "spatial_merge_size": 2, "image_token": "[IMG]",
-        "image_break_token": "[IMG_BREAK]", "image_end_token": "[IMG_END]"}), encoding="utf-8")
+        "image_break_token": "[IMG_BREAK]", "image_end_token": "[IMG_END]"})
     return out

@@ -33,22 +33,11 @@ pytest.importorskip("transformers")
 
 def build_material(out: Path) -> Path:
     """The random Qwen2.5-VL, vision depth 3 (module docstring), as a Hugging Face directory."""
-    import torch
     from tests.integration import vision_material as vm
-    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
     cfg = vm.tiny_config()
     cfg["vision_config"]["depth"] = 3   # full attention in block 1, as the shared model (n_wa_pattern 2)
-    torch.manual_seed(0)
-    model = Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(**cfg)).eval()
-    with torch.no_grad():   # as vision_material: large enough that an image moves the logits
-        for name, p in model.named_parameters():
-            if "norm" not in name:
-                p.normal_(0.0, 0.08)
-    model.save_pretrained(str(out), safe_serialization=True)
-    vm.qwen25_tokenizer(out)
-    (out / "preprocessor_config.json").write_text(json.dumps(vm.preprocessor_config()), encoding="utf-8")
-    return out
+    return vm.build_hf_dir(out, config=cfg)
 
 
 CONVERT = """import json, os, runpy, sys

@@ -44,13 +44,9 @@ def png(width: int = 84, height: int = 56, seed: int = 0) -> bytes:
 def m3(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Variant]:
     """(the Hugging Face dir, ORTSERVE_HOME, the imported variant), once for this module."""
     from tests.integration.mistral3_material import build_hf_dir
+    from tests.integration.vision_material import import_material
 
-    from ortserve.models.importer import import_path
-    from ortserve.models.store import ModelStore
-
-    hf = build_hf_dir(tmp_path_factory.mktemp("m3") / "hf")
-    home = tmp_path_factory.mktemp("m3-home")
-    return hf, home, import_path(ModelStore(home / "models"), hf, model_id=MODEL)
+    return import_material(tmp_path_factory, build_hf_dir, "m3", MODEL)
 
 
 @functools.cache

@@ -1,12 +1,17 @@
 """A random-weight Qwen2.5-VL built from a config (no download) as test material: 2 text layers,
 a 2-block vision tower, tiny hidden sizes, and the real Qwen2.5 tokenizer (Qwen2's BPE vocabulary
 from llama.cpp's vocab GGUF, tests/vocab_tokenizers.py, with Qwen2.5's named special tokens in
-place of the GGUF's [PAD1516xx] slots). Exported in seconds; cached by the test session."""
+place of the GGUF's [PAD1516xx] slots). Exported in seconds; cached by the test session.
+
+It also holds what every random vision model shares (mistral3_material.py uses it for Mistral 3):
+``save_random_model``, a Hugging Face directory of random weights from a config, and
+``import_material``, its import through ortserve's own import into a fresh ORTSERVE_HOME."""
 
 from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -83,21 +88,49 @@ def preprocessor_config() -> dict[str, Any]:
     }
 
 
-def build_hf_dir(out: Path, seed: int = 0) -> Path:
-    """A Hugging Face Qwen2.5-VL directory with random weights (config.json, safetensors, tokenizer)."""
-    import torch
+def build_hf_dir(out: Path, seed: int = 0, config: dict[str, Any] | None = None) -> Path:
+    """A Hugging Face Qwen2.5-VL directory with random weights (config.json, safetensors, tokenizer);
+    ``config`` in place of ``tiny_config()`` (a deeper vision tower, say)."""
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    save_random_model(out, Qwen2_5_VLForConditionalGeneration, Qwen2_5_VLConfig, config or tiny_config(), seed)
+    qwen25_tokenizer(out)
+    write_json(out / "preprocessor_config.json", preprocessor_config())
+    return out
+
+
+def save_random_model(out: Path, model_class: Any, config_class: Any, config: dict[str, Any], seed: int = 0,
+                      std: float = 0.08) -> Path:
+    """``model_class(config_class(**config))`` with its non-norm weights drawn from N(0, ``std``)
+    (larger than the default init, so that an image visibly moves the logits), saved as safetensors
+    into ``out``, made anew."""
+    import torch
 
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
     torch.manual_seed(seed)
-    model = Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(**tiny_config())).eval()
-    with torch.no_grad():  # larger than the default init so an image visibly moves the logits
+    model = model_class(config_class(**config)).eval()
+    with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" not in name:
-                p.normal_(0.0, 0.08)
+                p.normal_(0.0, std)
     model.save_pretrained(str(out), safe_serialization=True)
-    qwen25_tokenizer(out)
-    (out / "preprocessor_config.json").write_text(json.dumps(preprocessor_config()), encoding="utf-8")
     return out
+
+
+def write_json(path: Path, value: dict[str, Any]) -> None:
+    path.write_text(json.dumps(value), encoding="utf-8")
+
+
+def import_material(tmp_path_factory: Any, build: Callable[[Path], Path], name: str,
+                    model_id: str) -> tuple[Path, Path, Any]:
+    """``build`` a Hugging Face directory in a temp folder ``name`` and import it as ``model_id`` into a
+    fresh ORTSERVE_HOME: (the Hugging Face dir, the home, the store variant). A session or module
+    fixture calls it, so each model is built and imported once."""
+    from ortserve.models.importer import import_path
+    from ortserve.models.store import ModelStore
+
+    hf = build(tmp_path_factory.mktemp(name) / "hf")
+    home = tmp_path_factory.mktemp(f"{name}-home")
+    return hf, home, import_path(ModelStore(home / "models"), hf, model_id=model_id)
