@@ -54,7 +54,8 @@ class Runner:
                  lora: bool = False, lora_mode: str = "mask") -> None:
         """``kv_placement``: ``host`` (numpy), ``device`` (OrtValues on the provider's device) or
         ``auto`` (host for the CPU provider, device for the others). ``huge_pages``: put the CPU
-        provider's prepacked weights in transparent huge pages (engine/runtime.py ``use_huge_pages``).
+        provider's prepacked weights, and the blocks the GGUF-native ops read, in transparent huge
+        pages (engine/huge_pages.py); ``session_options`` then belongs to this Runner.
         ``lora``: add the batched LoRA term (engine/lora.py), ``lora_mode`` ``mask`` or ``gather``;
         adapters come with ``set_adapters``."""
         import onnxruntime as ort
