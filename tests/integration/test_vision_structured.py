@@ -115,7 +115,10 @@ def test_tools_on_an_image_through_responses_and_messages(client: openai.OpenAI)
     assert calls and calls[0].name == "get_weather" and isinstance(json.loads(calls[0].arguments)["city"], str)
     claude = anthropic.Anthropic(base_url=str(client.base_url).removesuffix("/v1/"), api_key="x", max_retries=0,
                                  timeout=120)
-    msg = claude.messages.create(model=MODEL, max_tokens=60, tool_choice={"type": "any"},
+    # greedy, as the Responses call above (anthropic 2.14's create has no temperature argument: the
+    # body carries it): at the default temperature 1.0 the random test model can spend the 60 tokens
+    # inside the argument string (seen once in CI: stop_reason max_tokens)
+    msg = claude.messages.create(model=MODEL, max_tokens=60, extra_body={"temperature": 0}, tool_choice={"type": "any"},
                                  tools=[{"name": fn["name"], "input_schema": fn["parameters"]}],
                                  messages=[{"role": "user", "content": [
                                      {"type": "image", "source": {"type": "base64", "media_type": "image/png",
