@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ortserve.native import DOMAIN, GATHER_OP, MATMUL_OP
+
 _MADV_HUGEPAGE = 14
 _MADV_COLLAPSE = 25  # Linux 6.1+: make huge pages of what is already there, now
 _THP_ENABLED = "/sys/kernel/mm/transparent_hugepage/enabled"
@@ -124,8 +126,7 @@ def new_ranges(before: set[tuple[int, int]], after: set[tuple[int, int]]) -> lis
 
 
 _HUGE = 2 << 20
-NATIVE_DOMAIN = "ortserve.gguf"
-_WEIGHT_INPUT = {"GgufMatMul": 1, "GgufGather": 0}  # which input of each op is the file's rows
+_WEIGHT_INPUT = {MATMUL_OP: 1, GATHER_OP: 0}  # which input of each op is the file's rows
 
 
 @dataclass
@@ -144,7 +145,7 @@ def native_weight_names(graph: Any) -> list[str]:
     embedding share one), in graph order."""
     out: dict[str, None] = {}
     for node in graph.node:
-        if node.domain == NATIVE_DOMAIN and node.op_type in _WEIGHT_INPUT and len(node.input) > _WEIGHT_INPUT[node.op_type]:
+        if node.domain == DOMAIN and node.op_type in _WEIGHT_INPUT and len(node.input) > _WEIGHT_INPUT[node.op_type]:
             out[node.input[_WEIGHT_INPUT[node.op_type]]] = None
     return list(out)
 
@@ -191,7 +192,9 @@ def load_native_weights(proto: Any, folder: Path) -> NativeWeights | None:
     files: dict[Path, Any] = {}
     try:
         for (tensor, path, offset, length), start in zip(plan, starts):
-            f = files.get(path) or files.setdefault(path, path.open("rb"))
+            if path not in files:
+                files[path] = path.open("rb")
+            f = files[path]
             f.seek(offset)
             view, got = memoryview(data[start:start + length]), 0
             while got < length:
