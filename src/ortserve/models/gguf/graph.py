@@ -29,6 +29,9 @@ from ortserve.models.gguf.stream import (
     vector,
     write_node,
 )
+from ortserve.native import DOMAIN as NATIVE_DOMAIN
+from ortserve.native import GATHER_OP, MATMUL_OP
+from ortserve.native import OPSET as NATIVE_OPSET
 
 # GGUF architectures this graph writer covers: the Llama graph, plus q/k/v biases (qwen2)
 # and per-head q/k RMS norms (qwen3) where the file has those tensors; phi3 and gemma2/3 add
@@ -105,7 +108,7 @@ class GraphWriter:
         outs = [f"{name}/output_{i}" for i in range(n_out)]
         domain = "com.microsoft" if op in ("GroupQueryAttention", "SkipSimplifiedLayerNormalization",
                                            "MatMulNBits", "GatherBlockQuantized", "FastGelu") else \
-            "ortserve.gguf" if op in ("GgufMatMul", "GgufGather") else ""
+            NATIVE_DOMAIN if op in (MATMUL_OP, GATHER_OP) else ""
         self.nodes.append(helper.make_node(op, inputs, outs, name=name, domain=domain, **attrs))
         return outs
 
@@ -339,7 +342,7 @@ class GraphWriter:
         self.rename(final, head_x)
         self.nodes += head_nodes
         self.rename(self.final_logits(logits_src), "logits")
-        domains = [("", 21), ("com.microsoft", 1)] + ([("ortserve.gguf", 1)] if self.native and self.native.nodes else [])
+        domains = [("", 21), ("com.microsoft", 1)] + ([(NATIVE_DOMAIN, NATIVE_OPSET)] if self.native and self.native.nodes else [])
         return helper.make_model(self.graph(), opset_imports=[helper.make_opsetid(d, v) for d, v in domains],
                                  ir_version=10, producer_name="ortserve-gguf")
 

@@ -23,11 +23,10 @@ import numpy as np
 
 from ortserve.models.gguf.reader import BLOCK_SIZES, GGUFWeights
 from ortserve.models.gguf.stream import DataFile, release_pages, tensor_rows
+from ortserve.native import DOMAIN, GATHER_OP, MATMUL_OP, TYPE_IDS
 
-DOMAIN = "ortserve.gguf"
-OPS = ("GgufMatMul", "GgufGather")
-# ggml's type ids of the block types the ops read (the ops' contract)
-GGML_IDS = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
+OPS = (MATMUL_OP, GATHER_OP)
+GGML_IDS = TYPE_IDS  # ggml's type ids of the block types the ops read (the ops' contract)
 CHUNK_BYTES = 16 << 20   # raw rows copied at once
 
 

@@ -37,13 +37,15 @@ from typing import Any
 
 import numpy as np
 
+from ortserve.native import DOMAIN, OPSET, TYPE_IDS
+
 VERSION = 4          # bump when the rewrite changes: imports made before are redone (importer.py)
 ATTENTION = ("/attn/",)   # the builder's names of the attention projections (o_proj, cross k/v)
 
 
 NATIVE_ENCODER = ("/mlp/",)    # the encoder's matrices native_q8 moves (the MLP's fc1 and fc2)
 NATIVE_DECODER = ("/lm_head/",)
-NATIVE_DOMAIN, Q8_0 = "ortserve.gguf", 8      # ortserve.native's op domain and ggml's Q8_0 type id
+Q8_0 = TYPE_IDS["Q8_0"]
 
 
 WEIGHT_MAX = 63     # |q| of the weights: u8 x s7 pair sums fit vpmaddubsw's int16 (255 * 64 * 2 < 32767)
@@ -183,12 +185,12 @@ def native_q8(path: Path, only: tuple[str, ...]) -> int:
             g.initializer.remove(inits.pop(name))
         g.initializer.append(numpy_helper.from_array(rows, f"{base}.q8_0_rows"))
         new = helper.make_node("GgufMatMul", [node.input[0], f"{base}.q8_0_rows"], list(node.output),
-                               name=node.name.replace("MatMul_Q8", "MatMul_Gguf"), domain=NATIVE_DOMAIN,
+                               name=node.name.replace("MatMul_Q8", "MatMul_Gguf"), domain=DOMAIN,
                                ggml_type=Q8_0, K=a["K"], N=a["N"])
         node.CopyFrom(new)
         done += 1
     if done:
-        if not any(o.domain == NATIVE_DOMAIN for o in model.opset_import):
-            model.opset_import.append(helper.make_opsetid(NATIVE_DOMAIN, 1))
+        if not any(o.domain == DOMAIN for o in model.opset_import):
+            model.opset_import.append(helper.make_opsetid(DOMAIN, OPSET))
         _save(model, path)
     return done
