@@ -223,46 +223,45 @@ V512_INLINE void rows_q45k(int five, int64_t nb, const uint8_t *w, const uint8_t
     _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) out[r * ostride] = _mm512_reduce_add_ps(acc[r]);
 }
 
-/* Q4_K / Q5_K, 256-bit: the eight sub-blocks' int32 lanes (one vpdpbusd each) fold into eight sub-block
- * sums (hadd tree), one vpmulld applies the eight scales, the minimums go as on AVX2. */
-V512_INLINE void rows_q45k_ymm(int five, int64_t nb, const uint8_t *w, const uint8_t *a, size_t astride, int R,
-                               float *out, int64_t ostride) {
+/* Q4_K / Q5_K, one weight row against one activation row (decode): each 32-weight sub-block is paired
+ * by vpmaddubsw (int16, exact: at most 2 * 31 * 127) and vpdpwssd multiplies the pairs by the
+ * sub-block's scale (broadcast by one in-lane vpshufb) into one int32 accumulator, so no horizontal
+ * sums are taken inside a block; the eight int32 lanes are converted once per block and summed once
+ * per row. The integers are exact; floats enter once per block, as in the kernels above. */
+V512_INLINE void row1_q45k(int five, int64_t nb, const uint8_t *w, const uint8_t *a, float *out) {
     const __m256i low = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
-    __m256 acc[RMAX];
-    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    __m256i pick[8];
+    _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) pick[j] = _mm256_set1_epi16((short)(2 * j | (2 * j + 1) << 8));
+    __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
     const int bb = five ? 176 : 144;
-    for (int64_t i = 0; i < nb; i++, w += bb) {
+    const act256 *y = (const act256 *)a;
+    for (int64_t i = 0; i < nb; i++, w += bb, y++) {
         const blk_q4_k *b4 = (const blk_q4_k *)w;
         const uint8_t *qs = five ? ((const blk_q5_k *)w)->qs : b4->qs;
         const __m128i scm = scales_mins(b4->scales);
-        const __m256i sc32 = _mm256_cvtepu8_epi32(scm);
+        const __m256i sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(scm)); /* int16: the 8 scales, twice */
         __m256i qh = five ? _mm256_loadu_si256((const __m256i *)((const blk_q5_k *)w)->qh) : _mm256_setzero_si256();
-        __m256i q[8];
+        __m256i part[4];   /* four short chains of vpdpwssd, not one long one: its latency bound the loop */
         _Pragma("GCC unroll 4") for (int j2 = 0; j2 < 4; j2++) {
             __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * j2));
-            q[2 * j2] = _mm256_and_si256(v, low);
-            q[2 * j2 + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+            __m256i q0 = _mm256_and_si256(v, low), q1 = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
             if (five) {
-                q[2 * j2] = _mm256_or_si256(q[2 * j2], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * j2), one), 4));
-                q[2 * j2 + 1] = _mm256_or_si256(q[2 * j2 + 1],
-                                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * j2 + 1), one), 4));
+                q0 = _mm256_or_si256(q0, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * j2), one), 4));
+                q1 = _mm256_or_si256(q1, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * j2 + 1), one), 4));
             }
+            __m256i p0 = _mm256_maddubs_epi16(q0, _mm256_loadu_si256((const __m256i *)(y->qs + 64 * j2)));
+            __m256i p1 = _mm256_maddubs_epi16(q1, _mm256_loadu_si256((const __m256i *)(y->qs + 64 * j2 + 32)));
+            part[j2] = _mm256_madd_epi16(p0, _mm256_shuffle_epi8(sc, pick[2 * j2]));
+            part[j2] = _mm256_dpwssd_epi32(part[j2], p1, _mm256_shuffle_epi8(sc, pick[2 * j2 + 1]));
         }
-        float d = f16(b4->d), dmin = f16(b4->dmin);
-        __m128i m8 = _mm_unpackhi_epi64(scm, scm);
+        __m256i sumi = _mm256_add_epi32(_mm256_add_epi32(part[0], part[1]), _mm256_add_epi32(part[2], part[3]));
+        __m128i m8 = _mm_unpackhi_epi64(scm, scm);   /* the minimums, each twice: one per 16 activations */
         __m256i m16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
-        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
-            const act256 *y = (const act256 *)(a + r * astride) + i;
-            __m256i s[8];
-            _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++)
-                s[j] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), q[j], _mm256_loadu_si256((const __m256i *)(y->qs + 32 * j)));
-            __m256i sumi = _mm256_mullo_epi32(sums8(s), sc32);
-            __m256i summ = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y->bsums), m16);
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * y->d), _mm256_cvtepi32_ps(sumi), acc[r]);
-            acc[r] = _mm256_fnmadd_ps(_mm256_set1_ps(dmin * y->d), _mm256_cvtepi32_ps(summ), acc[r]);
-        }
+        __m256i summ = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y->bsums), m16);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(f16(b4->d) * y->d), _mm256_cvtepi32_ps(sumi), acc);
+        accm = _mm256_fmadd_ps(_mm256_set1_ps(f16(b4->dmin) * y->d), _mm256_cvtepi32_ps(summ), accm);
     }
-    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) out[r * ostride] = hsum_ps(acc[r]);
+    *out = hsum_ps(_mm256_sub_ps(acc, accm));
 }
 
 /* Q6_K: per half of 128, elements 0-63 are the low nibbles of ql (64 bytes) with qh bits 0-1 / 2-3,
@@ -325,11 +324,11 @@ V512_INLINE void rows_any(int t, int64_t nb, const uint8_t *w, const uint8_t *a,
     case OSG_IQ4_NL: rows32(5, nb, w, a, as, R, out, os); break;
     /* one activation row: the 256-bit kernel is faster (12% for Q4_K); a tile of rows: the 512-bit one */
     case OSG_Q4_K:
-        if (R == 1) rows_q45k_ymm(0, nb, w, a, as, R, out, os);
+        if (R == 1) row1_q45k(0, nb, w, a, out);
         else rows_q45k(0, nb, w, a, as, R, out, os);
         break;
     case OSG_Q5_K:
-        if (R == 1) rows_q45k_ymm(1, nb, w, a, as, R, out, os);
+        if (R == 1) row1_q45k(1, nb, w, a, out);
         else rows_q45k(1, nb, w, a, as, R, out, os);
         break;
     default: rows_q6k(nb, w, a, as, R, out, os); break;
