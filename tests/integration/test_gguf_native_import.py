@@ -265,15 +265,22 @@ def test_speculation_verify_equals_decode_steps(smollm2: SimpleNamespace) -> Non
         assert np.abs(g - s).max() <= 0.1 * np.abs(s).max()
 
 
-def test_lora_terms_land_on_the_native_projections(smollm2: SimpleNamespace) -> None:
+def test_lora_terms_land_on_the_native_projections(smollm2: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ortserve.engine import runner as runner_module
+
     spec = ModelSpec.read(smollm2.native)
+    assert Runner(spec, slots=1).swiglu_fused == 30   # without LoRA, every layer's SwiGLU goes into its down_proj
     runner = Runner(spec, slots=2, lora=True)
     assert len(runner.lora_targets) == 30 * 4    # qkv, o, gate_up and down of every layer
+    # a down_proj term reads the SwiGLU product, so each layer keeps its nodes (engine/graph.py fuse_swiglu)
+    assert runner.swiglu_fused == 0
     rng = np.random.default_rng(0)
     weights = {f"layers.{t.layer}.{name}": (rng.normal(0, 0.05, (t.inputs, 4)).astype(np.float32),
                                             rng.normal(0, 0.05, (4, width)).astype(np.float32))
                for t in runner.lora_targets for name, width in t.parts}
     runner.set_adapters([Adapter("noise", weights, {"scale": 1.0})])
+    # the same graph without the LoRA terms: the SwiGLU unfolded too, so a row with no adapter equals it
+    monkeypatch.setattr(runner_module, "fuse_swiglu", lambda *a: 0)
     plain = Runner(spec, slots=1).prefill(0, PROMPTS[1])
     base = runner.prefill(1, PROMPTS[1])          # row 1: no adapter
     runner.use_adapter(0, "noise")

@@ -38,6 +38,7 @@ def lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     so.osg_quantize_act.argtypes = [ctypes.c_int, vp, vp, i64]
     so.osg_dequant_row.argtypes = [ctypes.c_int, vp, vp, i64]
     so.osg_matmul_rows.argtypes = [ctypes.c_int, i64, vp, vp, i64, vp, i64, i64, i64]
+    so.osg_swiglu.argtypes = [vp, vp, i64]
     so.osg_isa.restype = ctypes.c_char_p
     so.osg_set_isa.argtypes = [ctypes.c_char_p]
     return so
@@ -118,6 +119,23 @@ def test_isa_env_lowers_the_level(lib: ctypes.CDLL) -> None:
         out = subprocess.run([sys.executable, "-c", code, lib._name], env={"ORTSERVE_NATIVE_ISA": env},
                              capture_output=True, text=True, check=True).stdout.strip()
         assert out == want, (env, out)
+
+
+def test_swiglu_is_within_a_few_ulp_of_float32_numpy(lib: ctypes.CDLL, isa: str) -> None:
+    """silu(gate) * up over a [gate | up] row: the SIMD paths' polynomial exp against numpy's, from
+    the far negative side (silu -> -0) through 0 to the far positive one (silu -> gate), and k not a
+    multiple of the vector width (the tail takes expf)."""
+    rng = np.random.default_rng(5)
+    k = 8 * 300 + 5
+    gate = np.concatenate([np.linspace(-120, 120, 1205, dtype=np.float32),
+                           rng.standard_normal(k - 1205).astype(np.float32) * 4])
+    x = np.concatenate([gate, rng.standard_normal(k).astype(np.float32)])
+    h = np.full(k, np.nan, np.float32)
+    lib.osg_swiglu(_ptr(x), _ptr(h), k)
+    want = ref.swiglu(x[None])[0]
+    assert np.isfinite(h).all()
+    ulp = np.abs(h - want) / np.spacing(np.maximum(np.abs(want), np.float32(1e-30)))
+    assert ulp.max() <= 4, (isa, float(ulp.max()), int(np.argmax(ulp)))
 
 
 @pytest.mark.parametrize("t", [ref.Q4_0, ref.Q4_K])

@@ -12,6 +12,7 @@ from tests.unit.test_store_validate import onnx_dir
 from ortserve.engine.runtime import custom_ops_library, register_custom_ops
 from ortserve.errors import ModelError
 from ortserve.models.validate import check_onnx_dir
+from ortserve.native import NativeStatus
 
 
 def with_library(root: Path, name: str, create: bool = True) -> Path:
@@ -33,12 +34,18 @@ class Options:
 
 
 def test_a_library_inside_the_folder_is_named_and_registered(tmp_path: Path) -> None:
+    """ortserve's own sessions load the package's build when the ops are active (the folder's copy
+    is as old as its import), the folder's copy otherwise; a folder that names none gets none."""
     d = with_library(tmp_path / "m", "libortserve_gguf.so")
     assert check_onnx_dir(d)["precision"] == "fp32"
     assert custom_ops_library(d) == (d / "libortserve_gguf.so").resolve()
-    assert register_custom_ops(Options(), d).libraries == [str((d / "libortserve_gguf.so").resolve())]
+    package = tmp_path / "package" / "libortserve_gguf.so"
+    active = NativeStatus(True, "active", "avx2", package)
+    off = NativeStatus(False, "disabled by setting (ORTSERVE_NATIVE=0)", "", package)
+    assert register_custom_ops(Options(), d, native=active).libraries == [str(package)]
+    assert register_custom_ops(Options(), d, native=off).libraries == [str((d / "libortserve_gguf.so").resolve())]
     assert custom_ops_library(onnx_dir(tmp_path / "plain")) is None
-    assert register_custom_ops(Options(), tmp_path / "plain").libraries == []
+    assert register_custom_ops(Options(), tmp_path / "plain", native=active).libraries == []
 
 
 @pytest.mark.parametrize("name", ["/usr/lib/libc.so.6", "../libortserve_gguf.so", "missing.so", 7])

@@ -64,8 +64,10 @@ def session(library, graph: bytes, threads: int) -> ort.InferenceSession:
     return ort.InferenceSession(graph, so, providers=["CPUExecutionProvider"])
 
 
-def matmul_model(t: int, k: int, n: int, x_shape: list | None = None, w_shape: list | None = None) -> bytes:
-    node = helper.make_node(native.MATMUL_OP, ["X", "W"], ["Y"], domain=native.DOMAIN, ggml_type=t, K=k, N=n)
+def matmul_model(t: int, k: int, n: int, x_shape: list | None = None, w_shape: list | None = None,
+                 **attrs) -> bytes:
+    node = helper.make_node(native.MATMUL_OP, ["X", "W"], ["Y"], domain=native.DOMAIN, ggml_type=t, K=k, N=n,
+                            **attrs)
     w_shape = w_shape or [n, native.row_bytes(t, k)]
     return model(node, [helper.make_tensor_value_info("X", TensorProto.FLOAT, x_shape or [None, k]),
                         helper.make_tensor_value_info("W", TensorProto.UINT8, w_shape)])
@@ -91,6 +93,39 @@ def test_matmul_equals_the_reference(library, t, threads):
         want, scale = ref.matmul(t, w, x)
         assert y.shape == (m, n) and y.dtype == np.float32
         np.testing.assert_array_less(np.abs(y - want), 1e-5 * scale + 1e-6, err_msg=f"M={m}")
+
+
+@pytest.mark.parametrize("t", [8, 12, 14], ids=["Q8_0", "Q4_K", "Q6_K"])
+def test_swiglu_matmul_multiplies_silu_of_the_gate_by_the_up(library, t):
+    """swiglu=1: X is [..., 2K], a gate then an up projection; Y = (silu(gate) * up) @ W^T, the
+    SwiGLU taken as each row is quantized (one row in the calling thread, many on the pool)."""
+    lib = native._load(library)
+    lib.osg_swiglu.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    rng = np.random.default_rng(20 + t)
+    k, n = width(t), 37
+    w = random_weights(t, n, k, rng)
+    sess = session(library, matmul_model(t, k, n, ["b", "s", 2 * k], swiglu=1), 2)
+    assert sess.get_outputs()[0].shape == ["b", "s", n]
+    for m in (1, 9, 67):
+        x = (rng.standard_normal((1, m, 2 * k)) * 3).astype(np.float32)
+        (y,) = sess.run(None, {"X": x, "W": w})
+        h = np.empty((m, k), np.float32)   # the library's own SwiGLU (its ulp are tested in test_native_kernels)
+        for i in range(m):
+            lib.osg_swiglu(x[0, i].ctypes.data, h[i].ctypes.data, k)
+        np.testing.assert_allclose(h, ref.swiglu(x[0]), rtol=1e-5, atol=1e-30)
+        want, scale = ref.matmul(t, w, h)
+        assert y.shape == (1, m, n)
+        np.testing.assert_array_less(np.abs(y[0] - want), 1e-5 * scale + 1e-6, err_msg=f"M={m}")
+
+
+def test_swiglu_wants_twice_k_and_a_flag(library):
+    t, k, n = 8, 64, 5
+    w = random_weights(t, n, k, np.random.default_rng(0))
+    sess = session(library, matmul_model(t, k, n, [None, None], swiglu=1), 1)
+    with pytest.raises(Exception, match=r"X's last dimension must be 2K \(swiglu: gate and up\)=128"):
+        sess.run(None, {"X": np.zeros((1, k), np.float32), "W": w})
+    with pytest.raises(Exception, match="swiglu=2 must be 0 or 1"):
+        session(library, matmul_model(t, k, n, swiglu=2), 1)
 
 
 def test_matmul_keeps_leading_dimensions_and_many_rows(library):

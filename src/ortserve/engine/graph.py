@@ -1,5 +1,8 @@
 """Load-time graph edits to the builder's decoder.
 
+``fuse_swiglu`` hands the MLP's SwiGLU to the GGUF-native down projection (one node a layer instead
+of four, docs/native.md).
+
 The builder's graph returns logits for every input position: for an 8k-token prompt that is
 8k x 49k x 4 B = 1.6 GB, and the LM head over every prompt position is a large share of
 prefill compute. The engine samples from the last position of each row, and a speculating row
@@ -79,3 +82,80 @@ def lm_head(graph: Any) -> Any:
     while node is not None and node.op_type in _PASS:
         node = producer.get(node.input[0])
     return node if node is not None and node.op_type in _HEADS else None
+
+
+def fuse_swiglu(model: Any, library: Path | None) -> int:
+    """Edit ``model`` in place: each ``Split(gate_up) -> Sigmoid, Mul (silu) -> Mul (by up) ->
+    GgufMatMul (down)`` becomes the one GgufMatMul with ``swiglu=1`` reading the fused gate_up
+    projection; returns how many. Only when ``library`` (the model folder's copy of the kernels)
+    has the attribute, and only where every tensor between the two projections is read by the
+    pattern alone: a LoRA term on down_proj (engine/lora.py, applied first) reads the product, so
+    that layer keeps its nodes."""
+    from onnx import helper
+
+    from ortserve.native import DOMAIN, MATMUL_OP, has_swiglu
+
+    graph = model.graph
+    downs = [n for n in graph.node if n.op_type == MATMUL_OP and n.domain == DOMAIN
+             and not any(a.name == "swiglu" for a in n.attribute)]
+    if not downs or not has_swiglu(library):
+        return 0
+    producer = {out: node for node in graph.node for out in node.output}
+    readers: dict[str, list[Any]] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    outputs = {o.name for o in graph.output}
+    inits = {t.name: t for t in graph.initializer}
+    gone: set[int] = set()
+    fused = 0
+    for down in downs:
+        found = _swiglu_nodes(down, producer, readers, outputs, inits)
+        if found is None:
+            continue
+        split = found[0]
+        down.input[0] = split.input[0]
+        down.attribute.append(helper.make_attribute("swiglu", 1))
+        gone.update(id(n) for n in found)
+        fused += 1
+    if fused:
+        kept = [n for n in graph.node if id(n) not in gone]
+        del graph.node[:]
+        graph.node.extend(kept)
+        read = {name for n in kept for name in n.input}
+        unread = [t for t in graph.initializer if t.name not in read]   # the Splits' sizes
+        for t in unread:
+            graph.initializer.remove(t)
+    return fused
+
+
+def _swiglu_nodes(down: Any, producer: dict[str, Any], readers: dict[str, list[Any]], outputs: set[str],
+                  inits: dict[str, Any]) -> list[Any] | None:
+    """[Split, Sigmoid, silu Mul, product Mul] when ``down`` reads silu(gate) * up of one even
+    Split of a [..., 2K] projection along its last axis, each tensor read by the pattern alone."""
+    from onnx import numpy_helper
+
+    def only(name: str, *nodes: Any) -> bool:
+        return name not in outputs and {id(n) for n in readers.get(name, [])} == {id(n) for n in nodes}
+
+    k = next((a.i for a in down.attribute if a.name == "K"), 0)
+    mul = producer.get(down.input[0])
+    if mul is None or mul.op_type != "Mul" or not only(mul.output[0], down):
+        return None
+    for act_in, up in (mul.input, reversed(mul.input)):
+        silu = producer.get(act_in)
+        if silu is None or silu.op_type != "Mul" or not only(silu.output[0], mul):
+            continue
+        for gate, sig_out in (silu.input, reversed(silu.input)):
+            sig = producer.get(sig_out)
+            split = producer.get(gate)
+            if sig is None or sig.op_type != "Sigmoid" or sig.input[0] != gate or not only(sig_out, silu):
+                continue
+            if split is None or split.op_type != "Split" or list(split.output) != [gate, up]:
+                continue
+            axis = next((a.i for a in split.attribute if a.name == "axis"), 0)
+            sizes = inits.get(split.input[1]) if len(split.input) > 1 else None
+            even = sizes is not None and numpy_helper.to_array(sizes).tolist() == [k, k]
+            if axis == -1 and even and only(gate, sig, silu) and only(up, mul):
+                return [split, sig, silu, mul]
+    return None

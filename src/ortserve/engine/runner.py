@@ -17,11 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from ortserve.engine.graph import LOGIT_ROWS, gather_positions, load_decoder
+from ortserve.engine.graph import LOGIT_ROWS, fuse_swiglu, gather_positions, load_decoder
 from ortserve.engine.huge_pages import anon_mappings, hand_native_weights, use_huge_pages
 from ortserve.engine.kvcache import DeviceKV, HostKV, device_of
 from ortserve.engine.lora import Adapter, LoraInputs, add_lora, find_targets, split_key
-from ortserve.engine.runtime import register_custom_ops
+from ortserve.engine.runtime import register_custom_ops, session_library
 from ortserve.engine.spec import ModelSpec
 from ortserve.errors import ModelError
 
@@ -82,7 +82,9 @@ class Runner:
             self.lora_dtype = np.float16 if kv.type.tensor_type.elem_type == 10 else np.float32
             add_lora(proto, self.lora_targets, self.lora_dtype, lora_mode)
         self.lora_mode = lora_mode
-        edited = bytes(proto.SerializeToString()) if sliced or lora else None
+        # after LoRA's edit: a down_proj term reads the SwiGLU product, and that layer keeps it
+        self.swiglu_fused = fuse_swiglu(proto, session_library(spec.onnx_path.parent)) if proto is not None else 0
+        edited = bytes(proto.SerializeToString()) if sliced or lora or self.swiglu_fused else None
         session_options = register_custom_ops(session_options or ort.SessionOptions(), spec.onnx_path.parent)
         if edited is not None:
             model = edited

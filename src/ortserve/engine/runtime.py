@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ortserve.errors import DependencyMissing
-from ortserve.native import custom_ops_library, register_custom_ops  # noqa: F401 - the engine's names for them
+from ortserve.native import custom_ops_library, register_custom_ops, session_library  # noqa: F401 - the engine's names for them
 
 log = logging.getLogger("ortserve.runtime")
 

@@ -5,6 +5,7 @@ The shared library `libortserve_gguf.so` (built by `pip install` from csrc/, or 
 domain `ortserve.gguf` (docs/native.md):
 
 - `GgufMatMul(X float [..., K], W uint8 [N, row_bytes]) -> [..., N]`, attributes ggml_type, K, N
+  (and swiglu=1: X is [..., 2K], a gate then an up, and the op multiplies silu(gate) * up)
 - `GgufGather(W uint8 [V, row_bytes], ids int64 [...]) -> [..., K]`, attributes ggml_type, K, V
 
 `status()` says whether they can be used here and, when not, why: disabled by setting, not built,
@@ -129,6 +130,17 @@ def _load(path: Path) -> ctypes.CDLL:
     return lib
 
 
+def has_swiglu(library: Path | None) -> bool:
+    """Whether a copy of the library (a model folder holds its own, as old as its import) has
+    GgufMatMul's ``swiglu`` attribute (the symbol osg_swiglu came with it)."""
+    if library is None or not Path(library).is_file():
+        return False
+    try:
+        return hasattr(_load(Path(library)), "osg_swiglu")
+    except OSError:
+        return False
+
+
 def register(session_options: Any, native: NativeStatus | None = None) -> bool:
     """Adds the ops to an onnxruntime.SessionOptions when they are active; True when added."""
     native = native or status()
@@ -152,9 +164,24 @@ def custom_ops_library(model_dir: Path, part: str = "decoder") -> Path | None:
     return (Path(model_dir) / name).resolve() if isinstance(name, str) and name else None
 
 
-def register_custom_ops(so: Any, model_dir: Path, part: str = "decoder") -> Any:
-    """Register the model folder's custom-op library for ``part`` (if it names one) in ``so``; returns ``so``."""
+def session_library(model_dir: Path, part: str = "decoder", native: NativeStatus | None = None) -> Path | None:
+    """The custom-op library ortserve's own sessions load for a model folder's ``part`` graph: None
+    when the folder names none; this package's build when the ops are active here; else the
+    folder's copy. The folder's copy is as old as the folder's import and is what
+    onnxruntime-genai loads. The package's build runs every graph an older copy ran (the ops only
+    gain optional attributes), so a folder gets the kernels of the installed ortserve without a
+    re-import."""
     lib = custom_ops_library(model_dir, part)
+    if lib is None:
+        return None
+    native = native or status()
+    return native.library if native.active and native.library is not None else lib
+
+
+def register_custom_ops(so: Any, model_dir: Path, part: str = "decoder", native: NativeStatus | None = None) -> Any:
+    """Register the custom-op library for a model folder's ``part`` (``session_library``), if it
+    names one, in ``so``; returns ``so``."""
+    lib = session_library(model_dir, part, native)
     if lib is not None:
         so.register_custom_ops_library(str(lib))
     return so

@@ -8,6 +8,8 @@ result equals this within float rounding", for every type and every instruction-
 - ``dequantize`` follows gguf-py's float operations, so it is bit-exact against it;
 - ``quantize_act`` gives the same int8 values and scales as ``osg_quantize_act`` (bit-exact):
   per block of 32 (256 for K-quants) ``d = max|x| / 127``, ``q = rint(x * (1/d))``, in float32;
+- ``swiglu`` is the op's optional SwiGLU of a [gate | up] row, in float32 (the C paths compute
+  exp by a polynomial within a few ulp of it);
 - ``matmul`` gives each output and the sum of the absolute per-block terms, the scale a tolerance
   for the order in which the C code sums floats is relative to.
 """
@@ -146,6 +148,14 @@ class Act:
     q: np.ndarray
     sums: np.ndarray
     s: np.ndarray    # (m, nb) float32 d * sum of the block's values (the 32-families' minimum term)
+
+
+def swiglu(x: np.ndarray) -> np.ndarray:
+    """[m, 2k] rows of a gate then an up projection -> [m, k]: silu(gate) * up, in float32."""
+    x = np.asarray(x, F32)
+    gate, up = np.split(x, 2, axis=-1)
+    with np.errstate(over="ignore"):
+        return (gate * up / (F32(1) + np.exp(-gate))).astype(F32)
 
 
 def quantize_act(t: int, x: np.ndarray) -> Act:

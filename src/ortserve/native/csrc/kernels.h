@@ -30,6 +30,9 @@ OSG_API int    osg_block_elems(int ggml_type);               /* 32 or 256 (0 if 
 OSG_API size_t osg_row_bytes(int ggml_type, int64_t k);      /* bytes of one weight row of k elements, as in the GGUF file */
 OSG_API size_t osg_act_row_bytes(int ggml_type, int64_t k);  /* bytes of one quantized activation row */
 OSG_API void   osg_quantize_act(int ggml_type, const float *x, void *xq, int64_t k);   /* one activation row */
+/* SwiGLU of one row of 2k floats, the gate then the up: h[j] = x[j] / (1 + exp(-x[j])) * x[k + j].
+ * The SIMD paths compute exp with a polynomial within a few ulp of expf (the numpy twin allows it). */
+OSG_API void   osg_swiglu(const float *x, float *h, int64_t k);
 OSG_API void   osg_dequant_row(int ggml_type, const void *w_row, float *y, int64_t k); /* exact dequantization */
 /* Y[m*ldy + n] = dot(W row n, X row m) for n in [n0, n1), m in [0, m_rows): xq holds m_rows rows
  * quantized by osg_quantize_act, each osg_act_row_bytes(type,k) apart; w is the whole weight

@@ -5,6 +5,7 @@
  * are at most 63 unsigned, or |w| <= 128 by the sign trick, activations at most 127), and floats enter
  * once per block as (weight scale * activation scale) * lanes. Each kernel is written for R activation
  * rows at once (R a constant 1..4): a weight block is unpacked once and dotted with all R rows. */
+#include <math.h>
 #include <string.h>
 
 #include "kernels_internal.h"
@@ -159,6 +160,37 @@ AVX2_INLINE void rows32(int kind, int64_t nb, const uint8_t *w, const uint8_t *a
     _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) out[r * ostride] = hsum_ps(acc[r]) + tail[r];
 }
 
+/* exp(x), x clamped to [-88, 89] (past 88.7 n is 128 and 2^n is +inf, as expf overflows): 2^n * e^r with n = round(x / ln 2) and |r| <= ln 2 / 2,
+ * e^r by Cephes' degree-6 polynomial (ln 2 split in two for an exact r), 2^n built in the exponent
+ * bits; within 2 ulp of expf. */
+AVX2_INLINE __m256 exp8(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-88.0f)), _mm256_set1_ps(89.0f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+AVX2 static void swiglu_avx2(const float *x, float *h, int64_t k) {
+    int64_t j = 0;
+    for (; j + 8 <= k; j += 8) {
+        __m256 g = _mm256_loadu_ps(x + j);
+        __m256 gu = _mm256_mul_ps(g, _mm256_loadu_ps(x + k + j));
+        __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
+        _mm256_storeu_ps(h + j, _mm256_div_ps(gu, _mm256_add_ps(_mm256_set1_ps(1.0f), e)));
+    }
+    for (; j < k; j++) h[j] = x[j] * x[k + j] / (1.0f + expf(-x[j]));
+}
+
 OSG_ROW_FAMILY(AVX2, q4_0, rows32, 0)
 OSG_ROW_FAMILY(AVX2, q4_1, rows32, 1)
 OSG_ROW_FAMILY(AVX2, q5_0, rows32, 2)
@@ -172,6 +204,7 @@ int osg_fill_avx2(osg_kernels *k) {
         return 0;
     k->quant32 = quant32_avx2;
     k->quant256 = quant256_avx2;
+    k->swiglu = swiglu_avx2;
     k->dot[OSG_Q4_0] = dot_q4_0; k->multi[OSG_Q4_0] = multi_q4_0;
     k->dot[OSG_Q4_1] = dot_q4_1; k->multi[OSG_Q4_1] = multi_q4_1;
     k->dot[OSG_Q5_0] = dot_q5_0; k->multi[OSG_Q5_0] = multi_q5_0;

@@ -1,4 +1,5 @@
 /* Type table, exact dequantization, activation quantization (scalar) and the run-time dispatch. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -243,6 +244,10 @@ static void quant256_scalar(const float *x, void *xq, int64_t k) {
     }
 }
 
+static void swiglu_scalar(const float *x, float *h, int64_t k) {
+    for (int64_t j = 0; j < k; j++) h[j] = x[j] * x[k + j] / (1.0f + expf(-x[j]));
+}
+
 /* ---- dispatch ---- */
 
 enum { ISA_SCALAR = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };
@@ -265,6 +270,7 @@ static void init_tables(void) {
     for (int l = 0; l < 3; l++) g_table[l] = osg_scalar_kernels;
     g_table[0].quant32 = quant32_scalar;
     g_table[0].quant256 = quant256_scalar;
+    g_table[0].swiglu = swiglu_scalar;
     g_table[1] = g_table[0];
     if (osg_fill_avx2(&g_table[1])) {
         have = ISA_AVX2;
@@ -302,6 +308,8 @@ const char *osg_isa(void) {
     kernels();
     return g_level == ISA_AVX512 ? "avx512vnni" : g_level == ISA_AVX2 ? "avx2" : "scalar";
 }
+
+void osg_swiglu(const float *x, float *h, int64_t k) { kernels()->swiglu(x, h, k); }
 
 void osg_quantize_act(int t, const float *x, void *xq, int64_t k) {
     int be = osg_block_elems(t);

@@ -82,6 +82,8 @@ typedef void (*osg_dot_multi_fn)(int64_t nb, const void *w, const void *a, size_
                                  float *out, int64_t ostride);
 /* quantize one row of k floats into blocks of 32 (the act32 row layout) or 256 (act256) */
 typedef void (*osg_quant_fn)(const float *x, void *xq, int64_t k);
+/* h[j] = silu(x[j]) * x[k + j] for j in [0, k): SwiGLU over a row that holds the gate, then the up */
+typedef void (*osg_swiglu_fn)(const float *x, float *h, int64_t k);
 
 /* many activation rows at once (osg_matmul_rows' arguments, nb blocks a row, rb / ab bytes a weight /
  * activation row); returns 0 when it could not run (the row path then does) */
@@ -97,6 +99,7 @@ typedef struct {
     osg_dot_multi_fn multi[OSG_NTYPES];  /* optional; NULL: dot per activation row */
     osg_gemm_fn gemm[OSG_NTYPES];        /* optional; NULL: the row path at every M */
     osg_quant_fn quant32, quant256;
+    osg_swiglu_fn swiglu;
 } osg_kernels;
 
 /* dot_NAME and multi_NAME of one type for a SIMD level (ATTR: its target attribute), over its rows

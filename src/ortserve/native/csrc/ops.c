@@ -5,7 +5,9 @@
  *   GgufMatMul(X float [..., K], W uint8 [N, row_bytes]) -> Y float [..., N] = X @ dequant(W)^T
  *     attributes ggml_type, K, N. X is quantized once per call (per block, as llama.cpp does),
  *     then every weight row is dotted against it; the N rows are split in chunks over ORT's
- *     intra-op thread pool.
+ *     intra-op thread pool. With the attribute swiglu=1, X is [..., 2K], a gate then an up
+ *     projection (a fused gate_up's output), and the op multiplies SwiGLU(X) = silu(gate) * up,
+ *     computed as each row is quantized: one node in place of Split, Sigmoid, Mul and Mul.
  *   GgufGather(W uint8 [V, row_bytes], ids int64 [...]) -> float [..., K]
  *     attributes ggml_type, K, V. Rows dequantized exactly; an id outside [0, V) is an error.
  *
@@ -35,6 +37,7 @@ typedef struct {
   int parallel;      /* 1 when api has KernelContext_ParallelFor */
   int gather;       /* 0: GgufMatMul, 1: GgufGather */
   int type;         /* ggml type id */
+  int swiglu;       /* GgufMatMul: 1 when X holds [gate | up] and the op multiplies silu(gate) * up */
   int64_t k;        /* elements per row */
   int64_t rows;     /* N (matmul) or V (gather) */
   size_t row_bytes; /* bytes of one weight row in the file */
@@ -49,15 +52,29 @@ static OrtStatus *read_attr(const OrtApi *api, const OrtKernelInfo *info, const 
   return osg_fail(api, OSG_ORT_INVALID_ARGUMENT, "%s: missing int attribute '%s'", op, name);
 }
 
+/* An optional int attribute: `fallback` when the node does not have it. */
+static OrtStatus *read_optional_attr(const OrtApi *api, const OrtKernelInfo *info, const char *name,
+                                     int64_t fallback, int64_t *out) {
+  OrtStatus *status = api->KernelInfoGetAttribute_int64(info, name, out);
+  if (status != NULL) {
+    api->ReleaseStatus(status);
+    *out = fallback;
+  }
+  return NULL;
+}
+
 static OrtStatus *create_kernel(const GgufOp *g, const OrtKernelInfo *info, void **out) {
   const OrtApi *api = g->api;
   int gather = g->gather;
   const char *op = gather ? "GgufGather" : "GgufMatMul";
-  int64_t type, k, rows;
+  int64_t type, k, rows, swiglu = 0;
   *out = NULL;
   RETURN_IF_ERROR(read_attr(api, info, op, "ggml_type", &type));
   RETURN_IF_ERROR(read_attr(api, info, op, "K", &k));
   RETURN_IF_ERROR(read_attr(api, info, op, gather ? "V" : "N", &rows));
+  if (!gather) RETURN_IF_ERROR(read_optional_attr(api, info, "swiglu", 0, &swiglu));
+  if (swiglu != 0 && swiglu != 1)
+    return osg_fail(api, OSG_ORT_INVALID_ARGUMENT, "%s: swiglu=%lld must be 0 or 1", op, (long long)swiglu);
   if (type < 0 || type > 1000 || !osg_supported((int)type))
     return osg_fail(api, OSG_ORT_NOT_IMPLEMENTED, "%s: ggml type %lld is not supported", op,
                     (long long)type);
@@ -75,6 +92,7 @@ static OrtStatus *create_kernel(const GgufOp *g, const OrtKernelInfo *info, void
   kernel->parallel = g->parallel;
   kernel->gather = gather;
   kernel->type = (int)type;
+  kernel->swiglu = (int)swiglu;
   kernel->k = k;
   kernel->rows = rows;
   kernel->row_bytes = osg_row_bytes((int)type, k);
@@ -173,16 +191,35 @@ typedef struct {
   int64_t m;
   int64_t chunk;    /* weight rows per task */
   int64_t n_chunks; /* tasks per block of activation rows */
+  int failed;       /* set by a task that could not get memory */
 } MatMulWork;
 
 /* Activation rows per task: a block of quantized rows that stays in a core's cache (64 rows of a
  * K=8192 activation are 0.55 MB) while the task's weight rows stream past it. */
 #define OSG_M_BLOCK 64
 
+/* One SwiGLU row of each pool thread, grown to the widest K it has seen (a few dozen KB). */
+static __thread float *g_swiglu_row;
+static __thread int64_t g_swiglu_k;
+
 static void quantize_task(void *user, size_t row) {
   const MatMulWork *work = (const MatMulWork *)user;
   const GgufKernel *kn = work->kernel;
-  osg_quantize_act(kn->type, work->x + (int64_t)row * kn->k, work->xq + row * kn->act_bytes, kn->k);
+  if (!kn->swiglu) {
+    osg_quantize_act(kn->type, work->x + (int64_t)row * kn->k, work->xq + row * kn->act_bytes, kn->k);
+    return;
+  }
+  if (g_swiglu_k < kn->k) {
+    free(g_swiglu_row);
+    g_swiglu_row = (float *)malloc((size_t)kn->k * sizeof(float));
+    g_swiglu_k = g_swiglu_row != NULL ? kn->k : 0;
+  }
+  if (g_swiglu_row == NULL) { /* out of memory: matmul_compute reports it */
+    __atomic_store_n(&((MatMulWork *)user)->failed, 1, __ATOMIC_RELAXED);
+    return;
+  }
+  osg_swiglu(work->x + (int64_t)row * 2 * kn->k, g_swiglu_row, kn->k);
+  osg_quantize_act(kn->type, g_swiglu_row, work->xq + row * kn->act_bytes, kn->k);
 }
 
 static void matmul_task(void *user, size_t task) {
@@ -213,12 +250,13 @@ static OrtStatus *matmul_compute(const GgufKernel *kn, OrtKernelContext *ctx) {
   RETURN_IF_ERROR(input(api, ctx, 0, op, "X", &x));
   RETURN_IF_ERROR(weight_input(kn, ctx, 1, op, &w));
   if (x.type != OSG_TENSOR_FLOAT) return osg_fail(api, OSG_ORT_INVALID_ARGUMENT, "%s: X must be float", op);
-  if (x.ndim < 1 || x.dims[x.ndim - 1] != kn->k)
-    return osg_fail(api, OSG_ORT_INVALID_ARGUMENT, "%s: X's last dimension must be K=%lld", op,
-                    (long long)kn->k);
+  int64_t width = kn->swiglu ? 2 * kn->k : kn->k;
+  if (x.ndim < 1 || x.dims[x.ndim - 1] != width)
+    return osg_fail(api, OSG_ORT_INVALID_ARGUMENT, "%s: X's last dimension must be %s=%lld", op,
+                    kn->swiglu ? "2K (swiglu: gate and up)" : "K", (long long)width);
   OrtValue *out = NULL;
   RETURN_IF_ERROR(output_like(kn, ctx, &x, 1, kn->rows, op, &out));
-  MatMulWork work = {kn, NULL, NULL, NULL, NULL, leading_rows(&x, 1), 0, 0};
+  MatMulWork work = {kn, NULL, NULL, NULL, NULL, leading_rows(&x, 1), 0, 0, 0};
   if (work.m == 0) return NULL;
   int64_t m_blocks = (work.m + OSG_M_BLOCK - 1) / OSG_M_BLOCK;
   work.chunk = chunk_rows(kn->rows, m_blocks);
@@ -235,6 +273,8 @@ static OrtStatus *matmul_compute(const GgufKernel *kn, OrtKernelContext *ctx) {
   } else {
     for (int64_t row = 0; row < work.m; row++) quantize_task(&work, (size_t)row);
   }
+  if (status == NULL && __atomic_load_n(&work.failed, __ATOMIC_RELAXED))
+    status = osg_fail(api, OSG_ORT_FAIL, "%s: out of memory for a SwiGLU row of %lld", op, (long long)kn->k);
   if (status == NULL)
     status = parallel_for(kn, ctx, matmul_task, (size_t)(m_blocks * work.n_chunks), &work);
   free(work.xq);
