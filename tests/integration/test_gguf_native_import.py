@@ -269,11 +269,13 @@ def test_lora_terms_land_on_the_native_projections(smollm2: SimpleNamespace, mon
     from ortserve.engine import runner as runner_module
 
     spec = ModelSpec.read(smollm2.native)
-    assert Runner(spec, slots=1).swiglu_fused == 30   # without LoRA, every layer's SwiGLU goes into its down_proj
+    plain_runner = Runner(spec, slots=1)
+    # every layer's SwiGLU goes into its down_proj, and its attention is the library's (engine/graph.py)
+    assert (plain_runner.swiglu_fused, plain_runner.attention_swapped) == (30, 30)
     runner = Runner(spec, slots=2, lora=True)
     assert len(runner.lora_targets) == 30 * 4    # qkv, o, gate_up and down of every layer
     # a down_proj term reads the SwiGLU product, so each layer keeps its nodes (engine/graph.py fuse_swiglu)
-    assert runner.swiglu_fused == 0
+    assert (runner.swiglu_fused, runner.attention_swapped) == (0, 30)
     rng = np.random.default_rng(0)
     weights = {f"layers.{t.layer}.{name}": (rng.normal(0, 0.05, (t.inputs, 4)).astype(np.float32),
                                             rng.normal(0, 0.05, (4, width)).astype(np.float32))

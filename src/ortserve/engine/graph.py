@@ -1,7 +1,8 @@
 """Load-time graph edits to the builder's decoder.
 
 ``fuse_swiglu`` hands the MLP's SwiGLU to the GGUF-native down projection (one node a layer instead
-of four, docs/native.md).
+of four), and ``cached_attention`` swaps GroupQueryAttention for the library's CachedAttention, the
+same computation without onnxruntime's per-call set-up (docs/native.md).
 
 The builder's graph returns logits for every input position: for an 8k-token prompt that is
 8k x 49k x 4 B = 1.6 GB, and the LM head over every prompt position is a large share of
@@ -93,12 +94,12 @@ def fuse_swiglu(model: Any, library: Path | None) -> int:
     that layer keeps its nodes."""
     from onnx import helper
 
-    from ortserve.native import DOMAIN, MATMUL_OP, has_swiglu
+    from ortserve.native import DOMAIN, MATMUL_OP, library_features
 
     graph = model.graph
     downs = [n for n in graph.node if n.op_type == MATMUL_OP and n.domain == DOMAIN
              and not any(a.name == "swiglu" for a in n.attribute)]
-    if not downs or not has_swiglu(library):
+    if not downs or "swiglu" not in library_features(library):
         return 0
     producer = {out: node for node in graph.node for out in node.output}
     readers: dict[str, list[Any]] = {}
@@ -159,3 +160,40 @@ def _swiglu_nodes(down: Any, producer: dict[str, Any], readers: dict[str, list[A
             if axis == -1 and even and only(gate, sig, silu) and only(up, mul):
                 return [split, sig, silu, mul]
     return None
+
+
+# GroupQueryAttention's attributes CachedAttention computes the same for, with the values it takes
+_GQA_SAME = {"do_rotary": 1, "rotary_interleaved": 0, "local_window_size": -1, "softcap": 0.0,
+             "smooth_softmax": 0}
+
+
+def cached_attention(model: Any, library: Path | None) -> int:
+    """Edit ``model`` in place: each GroupQueryAttention that CachedAttention computes the same
+    (rotary in halves, no window, no soft-cap, float32 caches, the nine inputs of ortserve's
+    graphs) becomes it, on the same inputs and outputs; returns how many. Only when ``library``
+    (the kernels the session loads) has the op."""
+    from onnx import TensorProto, helper
+
+    from ortserve.native import DOMAIN, OPSET, library_features
+
+    graph = model.graph
+    nodes = [n for n in graph.node if n.op_type == "GroupQueryAttention" and n.domain == "com.microsoft"]
+    if not nodes or "cached_attention" not in library_features(library):
+        return 0
+    types = {v.name: v.type.tensor_type.elem_type for v in graph.input}
+    swapped = 0
+    for node in nodes:
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        same = all(attrs.get(name, want) == want for name, want in _GQA_SAME.items()) and attrs.get("do_rotary") == 1
+        known = set(attrs) <= {"num_heads", "kv_num_heads", "scale", *_GQA_SAME}
+        if not (same and known and len(node.input) == 9 and node.input[7] and node.input[8]
+                and types.get(node.input[3]) == TensorProto.FLOAT):
+            continue
+        keep = [a for a in node.attribute if a.name in ("num_heads", "kv_num_heads", "scale")]
+        node.op_type, node.domain = "CachedAttention", DOMAIN
+        del node.attribute[:]
+        node.attribute.extend(keep)
+        swapped += 1
+    if swapped and not any(o.domain == DOMAIN for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(DOMAIN, OPSET))
+    return swapped

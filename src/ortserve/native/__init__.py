@@ -6,6 +6,7 @@ domain `ortserve.gguf` (docs/native.md):
 
 - `GgufMatMul(X float [..., K], W uint8 [N, row_bytes]) -> [..., N]`, attributes ggml_type, K, N
   (and swiglu=1: X is [..., 2K], a gate then an up, and the op multiplies silu(gate) * up)
+- `CachedAttention`: GroupQueryAttention's inputs and outputs, for the rotary, unwindowed case
 - `GgufGather(W uint8 [V, row_bytes], ids int64 [...]) -> [..., K]`, attributes ggml_type, K, V
 
 `status()` says whether they can be used here and, when not, why: disabled by setting, not built,
@@ -130,15 +131,20 @@ def _load(path: Path) -> ctypes.CDLL:
     return lib
 
 
-def has_swiglu(library: Path | None) -> bool:
-    """Whether a copy of the library (a model folder holds its own, as old as its import) has
-    GgufMatMul's ``swiglu`` attribute (the symbol osg_swiglu came with it)."""
+def library_features(library: Path | None) -> frozenset[str]:
+    """What a copy of the library offers beyond the two ops of version 1 (``osg_features``):
+    ``swiglu`` (GgufMatMul's attribute), ``cached_attention`` (the CachedAttention op). Empty for
+    no file, a file that does not load, or a copy older than the list."""
     if library is None or not Path(library).is_file():
-        return False
+        return frozenset()
     try:
-        return hasattr(_load(Path(library)), "osg_swiglu")
+        lib = _load(Path(library))
     except OSError:
-        return False
+        return frozenset()
+    if not hasattr(lib, "osg_features"):
+        return frozenset()
+    lib.osg_features.restype = ctypes.c_char_p
+    return frozenset(lib.osg_features().decode().split())
 
 
 def register(session_options: Any, native: NativeStatus | None = None) -> bool:

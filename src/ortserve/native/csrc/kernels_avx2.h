@@ -1,5 +1,5 @@
-/* AVX2 + FMA + F16C helpers shared by kernels_avx2.c (the 32-weight block types and the activation
- * quantizers) and kernels_avx2_k.c (the K-quants and IQ4_XS): static inline, compiled for those
+/* AVX2 + FMA + F16C helpers shared by kernels_avx2.c (the 32-weight block types, the activation
+ * quantizers and SwiGLU), kernels_avx2_k.c (the K-quants and IQ4_XS) and ops_attention.c: static inline, compiled for those
  * instructions by function attribute only. Included only inside an x86, SIMD-enabled build. */
 #ifndef OSG_KERNELS_AVX2_H
 #define OSG_KERNELS_AVX2_H
@@ -17,6 +17,26 @@ AVX2_INLINE float hsum_ps(__m256 v) {
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
+}
+
+/* exp(x), x clamped to [-88, 89] (past 88.7 n is 128 and 2^n is +inf, as expf overflows): 2^n * e^r with n = round(x / ln 2) and |r| <= ln 2 / 2,
+ * e^r by Cephes' degree-6 polynomial (ln 2 split in two for an exact r), 2^n built in the exponent
+ * bits; within 2 ulp of expf. */
+AVX2_INLINE __m256 exp8(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-88.0f)), _mm256_set1_ps(89.0f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 
 AVX2_INLINE int hsum_epi32(__m256i v) {

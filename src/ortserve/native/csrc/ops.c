@@ -103,14 +103,7 @@ static OrtStatus *create_kernel(const GgufOp *g, const OrtKernelInfo *info, void
 
 /* ---- tensor helpers ---- */
 
-typedef struct {
-  const OrtValue *value;
-  ONNXTensorElementDataType type;
-  size_t ndim;
-  int64_t dims[OSG_MAX_DIMS];
-} Tensor;
-
-static OrtStatus *describe(const OrtApi *api, const OrtValue *value, const char *op, const char *name,
+OrtStatus *osg_describe(const OrtApi *api, const OrtValue *value, const char *op, const char *name,
                            Tensor *t) {
   OrtTensorTypeAndShapeInfo *info = NULL;
   t->value = value;
@@ -125,15 +118,15 @@ static OrtStatus *describe(const OrtApi *api, const OrtValue *value, const char 
   return status;
 }
 
-static OrtStatus *input(const OrtApi *api, OrtKernelContext *ctx, size_t index, const char *op,
-                        const char *name, Tensor *t) {
+OrtStatus *osg_input(const OrtApi *api, OrtKernelContext *ctx, size_t index, const char *op, const char *name,
+                     Tensor *t) {
   const OrtValue *value = NULL;
   RETURN_IF_ERROR(api->KernelContext_GetInput(ctx, index, &value));
   if (value == NULL) return osg_fail(api, OSG_ORT_INVALID_ARGUMENT, "%s: input %s is missing", op, name);
-  return describe(api, value, op, name, t);
+  return osg_describe(api, value, op, name, t);
 }
 
-static void *data_of(const OrtApi *api, const OrtValue *value, OrtStatus **status) {
+void *osg_data_of(const OrtApi *api, const OrtValue *value, OrtStatus **status) {
   void *data = NULL;
   /* GetTensorMutableData is the one accessor every API version has; inputs are only read. */
   *status = api->GetTensorMutableData((OrtValue *)value, &data);
@@ -144,7 +137,7 @@ static void *data_of(const OrtApi *api, const OrtValue *value, OrtStatus **statu
  * (N for GgufMatMul, V for GgufGather). */
 static OrtStatus *weight_input(const GgufKernel *kn, OrtKernelContext *ctx, size_t index, const char *op,
                                Tensor *w) {
-  RETURN_IF_ERROR(input(kn->api, ctx, index, op, "W", w));
+  RETURN_IF_ERROR(osg_input(kn->api, ctx, index, op, "W", w));
   if (w->type != OSG_TENSOR_UINT8) return osg_fail(kn->api, OSG_ORT_INVALID_ARGUMENT, "%s: W must be uint8", op);
   if (w->ndim != 2 || w->dims[0] != kn->rows || w->dims[1] != (int64_t)kn->row_bytes)
     return osg_fail(kn->api, OSG_ORT_INVALID_ARGUMENT, "%s: W must be [%s=%lld, %zu] (ggml type %d, K=%lld)", op,
@@ -247,7 +240,7 @@ static OrtStatus *matmul_compute(const GgufKernel *kn, OrtKernelContext *ctx) {
   const char *op = "GgufMatMul";
   Tensor x, w;
   OrtStatus *status = NULL;
-  RETURN_IF_ERROR(input(api, ctx, 0, op, "X", &x));
+  RETURN_IF_ERROR(osg_input(api, ctx, 0, op, "X", &x));
   RETURN_IF_ERROR(weight_input(kn, ctx, 1, op, &w));
   if (x.type != OSG_TENSOR_FLOAT) return osg_fail(api, OSG_ORT_INVALID_ARGUMENT, "%s: X must be float", op);
   int64_t width = kn->swiglu ? 2 * kn->k : kn->k;
@@ -261,9 +254,9 @@ static OrtStatus *matmul_compute(const GgufKernel *kn, OrtKernelContext *ctx) {
   int64_t m_blocks = (work.m + OSG_M_BLOCK - 1) / OSG_M_BLOCK;
   work.chunk = chunk_rows(kn->rows, m_blocks);
   work.n_chunks = (kn->rows + work.chunk - 1) / work.chunk;
-  work.x = (const float *)data_of(api, x.value, &status);
-  if (status == NULL) work.w = (const uint8_t *)data_of(api, w.value, &status);
-  if (status == NULL) work.y = (float *)data_of(api, out, &status);
+  work.x = (const float *)osg_data_of(api, x.value, &status);
+  if (status == NULL) work.w = (const uint8_t *)osg_data_of(api, w.value, &status);
+  if (status == NULL) work.y = (float *)osg_data_of(api, out, &status);
   if (status != NULL) return status;
   work.xq = (uint8_t *)malloc((size_t)work.m * kn->act_bytes + 64);
   if (work.xq == NULL)
@@ -303,11 +296,11 @@ static OrtStatus *gather_compute(const GgufKernel *kn, OrtKernelContext *ctx) {
   Tensor w, ids;
   OrtStatus *status = NULL;
   RETURN_IF_ERROR(weight_input(kn, ctx, 0, op, &w));
-  RETURN_IF_ERROR(input(api, ctx, 1, op, "ids", &ids));
+  RETURN_IF_ERROR(osg_input(api, ctx, 1, op, "ids", &ids));
   if (ids.type != OSG_TENSOR_INT64) return osg_fail(api, OSG_ORT_INVALID_ARGUMENT, "%s: ids must be int64", op);
   GatherWork work = {kn, NULL, NULL, NULL};
   int64_t count = leading_rows(&ids, 0);
-  work.ids = (const int64_t *)data_of(api, ids.value, &status);
+  work.ids = (const int64_t *)osg_data_of(api, ids.value, &status);
   if (status != NULL) return status;
   for (int64_t i = 0; i < count; i++)
     if (work.ids[i] < 0 || work.ids[i] >= kn->rows)
@@ -316,8 +309,8 @@ static OrtStatus *gather_compute(const GgufKernel *kn, OrtKernelContext *ctx) {
   OrtValue *out = NULL;
   RETURN_IF_ERROR(output_like(kn, ctx, &ids, 0, kn->k, op, &out));
   if (count == 0) return NULL;
-  work.w = (const uint8_t *)data_of(api, w.value, &status);
-  if (status == NULL) work.y = (float *)data_of(api, out, &status);
+  work.w = (const uint8_t *)osg_data_of(api, w.value, &status);
+  if (status == NULL) work.y = (float *)osg_data_of(api, out, &status);
   if (status != NULL) return status;
   /* A decode step gathers one row per sequence: a few microseconds, less than waking the pool. */
   if (count * kn->k < (1 << 16)) {

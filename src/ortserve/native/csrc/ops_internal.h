@@ -28,10 +28,30 @@ OrtStatus *osg_fail(const OrtApi *api, OrtErrorCode code, const char *fmt, ...);
     if (status_ != NULL) return status_; \
   } while (0)
 
+/* A tensor as a kernel sees it: its value, element type and dimensions. */
+typedef struct {
+  const OrtValue *value;
+  ONNXTensorElementDataType type;
+  size_t ndim;
+  int64_t dims[OSG_MAX_DIMS];
+} Tensor;
+
+/* ops.c: describe a value; input `index` of the kernel (an error naming it when it is missing);
+ * a tensor's data (inputs are only read). */
+OrtStatus *osg_describe(const OrtApi *api, const OrtValue *value, const char *op, const char *name, Tensor *t);
+OrtStatus *osg_input(const OrtApi *api, OrtKernelContext *ctx, size_t index, const char *op, const char *name,
+                     Tensor *t);
+void *osg_data_of(const OrtApi *api, const OrtValue *value, OrtStatus **status);
+
 /* ops.c: make a kernel from the op's attributes (checked there), run it, free it. */
 OrtStatus *OSG_ORT_CALL osg_op_create(const OrtCustomOp *op, const OrtApi *api, const OrtKernelInfo *info,
                                       void **kernel);
 OrtStatus *OSG_ORT_CALL osg_op_compute(void *kernel, OrtKernelContext *ctx);
 void OSG_ORT_CALL osg_op_destroy(void *kernel);
+
+/* ops_attention.c: the CachedAttention op's kernel (parallel: the runtime has KernelContext_ParallelFor). */
+OrtStatus *osg_attention_create(const OrtApi *api, int parallel, const OrtKernelInfo *info, void **kernel);
+OrtStatus *osg_attention_compute(void *kernel, OrtKernelContext *ctx);
+void osg_attention_destroy(void *kernel);
 
 #endif /* ORTSERVE_OPS_INTERNAL_H */

@@ -55,6 +55,7 @@ typedef enum {
   OSG_TENSOR_UNDEFINED = 0,
   OSG_TENSOR_FLOAT = 1,
   OSG_TENSOR_UINT8 = 2,
+  OSG_TENSOR_INT32 = 6,
   OSG_TENSOR_INT64 = 7,
 } ONNXTensorElementDataType;
 
@@ -104,7 +105,9 @@ struct OrtApi {
                                                     size_t names_len); /* 63 */
   OrtStatus *(OSG_ORT_CALL *GetTensorShapeElementCount)(const OrtTensorTypeAndShapeInfo *info, size_t *out);
   OrtStatus *(OSG_ORT_CALL *GetTensorTypeAndShape)(const OrtValue *value, OrtTensorTypeAndShapeInfo **out);
-  void *slots_66_85[20];
+  void *slots_66_84[19];
+  OrtStatus *(OSG_ORT_CALL *KernelInfoGetAttribute_float)(const OrtKernelInfo *info, const char *name,
+                                                          float *out); /* 85 */
   OrtStatus *(OSG_ORT_CALL *KernelInfoGetAttribute_int64)(const OrtKernelInfo *info, const char *name,
                                                           int64_t *out); /* 86 */
   void *slot_87;
@@ -184,6 +187,7 @@ OSG_SLOT(GetDimensions, 62);
 OSG_SLOT(GetSymbolicDimensions, 63);
 OSG_SLOT(GetTensorShapeElementCount, 64);
 OSG_SLOT(GetTensorTypeAndShape, 65);
+OSG_SLOT(KernelInfoGetAttribute_float, 85);
 OSG_SLOT(KernelInfoGetAttribute_int64, 86);
 OSG_SLOT(KernelContext_GetInputCount, 88);
 OSG_SLOT(KernelContext_GetOutputCount, 89);
