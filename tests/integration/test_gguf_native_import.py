@@ -266,23 +266,24 @@ def test_speculation_verify_equals_decode_steps(smollm2: SimpleNamespace) -> Non
 
 
 def test_lora_terms_land_on_the_native_projections(smollm2: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> None:
-    from ortserve.engine import runner as runner_module
+    from ortserve.engine import graph as graph_edits
 
     spec = ModelSpec.read(smollm2.native)
     plain_runner = Runner(spec, slots=1)
-    # every layer's SwiGLU goes into its down_proj, and its attention is the library's (engine/graph.py)
-    assert (plain_runner.swiglu_fused, plain_runner.attention_swapped) == (30, 30)
+    # every layer's SwiGLU goes into its down_proj; its attention and skip-norms are the library's
+    # (engine/graph.py: layer 0's input norm has no skip, the final norm has one)
+    assert plain_runner.native_edits == {"swiglu": 30, "attention": 30, "norm": 60}
     runner = Runner(spec, slots=2, lora=True)
     assert len(runner.lora_targets) == 30 * 4    # qkv, o, gate_up and down of every layer
     # a down_proj term reads the SwiGLU product, so each layer keeps its nodes (engine/graph.py fuse_swiglu)
-    assert (runner.swiglu_fused, runner.attention_swapped) == (0, 30)
+    assert runner.native_edits == {"swiglu": 0, "attention": 30, "norm": 60}
     rng = np.random.default_rng(0)
     weights = {f"layers.{t.layer}.{name}": (rng.normal(0, 0.05, (t.inputs, 4)).astype(np.float32),
                                             rng.normal(0, 0.05, (4, width)).astype(np.float32))
                for t in runner.lora_targets for name, width in t.parts}
     runner.set_adapters([Adapter("noise", weights, {"scale": 1.0})])
     # the same graph without the LoRA terms: the SwiGLU unfolded too, so a row with no adapter equals it
-    monkeypatch.setattr(runner_module, "fuse_swiglu", lambda *a: 0)
+    monkeypatch.setattr(graph_edits, "fuse_swiglu", lambda *a: 0)
     plain = Runner(spec, slots=1).prefill(0, PROMPTS[1])
     base = runner.prefill(1, PROMPTS[1])          # row 1: no adapter
     runner.use_adapter(0, "noise")

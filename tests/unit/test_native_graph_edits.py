@@ -2,8 +2,9 @@
 GgufMatMul (down) becomes one GgufMatMul with swiglu=1, only where the library has it and nothing
 else reads the tensors between, and the folded graph computes what the four nodes did (up to the
 rounding of the activation's int8 quantization, which the SwiGLU's last ulp can move by one step).
-cached_attention: a GroupQueryAttention becomes CachedAttention only where it computes the same
-(tests/unit/test_native_attention.py compares the two ops)."""
+cached_attention and skip_rms_norm: a GroupQueryAttention or SkipSimplifiedLayerNormalization
+becomes the library's op only where it computes the same (tests/unit/test_native_attention.py and
+test_native_norm.py compare the ops)."""
 from __future__ import annotations
 
 import sys
@@ -14,7 +15,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from ortserve import native
-from ortserve.engine.graph import cached_attention, fuse_swiglu
+from ortserve.engine.graph import cached_attention, fuse_swiglu, native_edits, skip_rms_norm
 from ortserve.native import build as native_build
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the library builds on Linux")
@@ -142,3 +143,37 @@ def test_fp16_caches_or_an_old_library_keep_group_query_attention(library):
     model.graph.input[3].type.tensor_type.elem_type = TensorProto.FLOAT16
     assert cached_attention(model, library) == 0
     assert cached_attention(gqa_model(), None) == 0
+
+
+def norm_model(bias: bool = False, outputs: tuple[str, ...] = ("out", "", "", "sum"), **attrs) -> object:
+    f = TensorProto.FLOAT
+    node = helper.make_node("SkipSimplifiedLayerNormalization", ["x", "skip", "gamma"] + (["bias"] if bias else []),
+                            list(outputs), domain="com.microsoft", name="/model/layers.1/input_layernorm/SkipLayerNorm",
+                            **{"epsilon": 1e-5, **attrs})
+    inputs = [helper.make_tensor_value_info(n, f, None) for n in ("x", "skip", "gamma", "past_key_values.0.key")]
+    graph = helper.make_graph([node], "norm", inputs, [helper.make_tensor_value_info("out", f, None)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+
+
+def test_skip_norm_becomes_skip_rms_norm_with_its_two_read_outputs(library):
+    model = norm_model()
+    assert skip_rms_norm(model, library) == 1
+    node = model.graph.node[0]
+    assert (node.op_type, node.domain, list(node.output)) == ("SkipRmsNorm", native.DOMAIN, ["out", "sum"])
+    alone = norm_model(outputs=("out",))   # nobody reads the sum: the op still makes one, under its own name
+    assert skip_rms_norm(alone, library) == 1 and alone.graph.node[0].output[1].endswith("/ortserve_sum")
+
+
+@pytest.mark.parametrize("case", ["bias", "mean output", "attribute", "fp16"])
+def test_what_skip_rms_norm_does_not_compute_stays(library, case):
+    model = {"bias": lambda: norm_model(bias=True), "mean output": lambda: norm_model(outputs=("out", "mean", "", "sum")),
+             "attribute": lambda: norm_model(stash_type=1), "fp16": norm_model}[case]()
+    if case == "fp16":
+        model.graph.input[3].type.tensor_type.elem_type = TensorProto.FLOAT16
+    assert skip_rms_norm(model, library) == 0
+    assert model.graph.node[0].op_type == "SkipSimplifiedLayerNormalization"
+
+
+def test_native_edits_are_nothing_without_a_library():
+    model = mlp(np.random.default_rng(3))
+    assert native_edits(model, None) == {} and len(model.graph.node) == 6

@@ -1,8 +1,9 @@
 """Load-time graph edits to the builder's decoder.
 
 ``fuse_swiglu`` hands the MLP's SwiGLU to the GGUF-native down projection (one node a layer instead
-of four), and ``cached_attention`` swaps GroupQueryAttention for the library's CachedAttention, the
-same computation without onnxruntime's per-call set-up (docs/native.md).
+of four), and ``cached_attention`` and ``skip_rms_norm`` swap GroupQueryAttention and
+SkipSimplifiedLayerNormalization for the library's CachedAttention and SkipRmsNorm, the same
+computations without onnxruntime's per-call set-up (docs/native.md).
 
 The builder's graph returns logits for every input position: for an 8k-token prompt that is
 8k x 49k x 4 B = 1.6 GB, and the LM head over every prompt position is a large share of
@@ -83,6 +84,15 @@ def lm_head(graph: Any) -> Any:
     while node is not None and node.op_type in _PASS:
         node = producer.get(node.input[0])
     return node if node is not None and node.op_type in _HEADS else None
+
+
+def native_edits(model: Any, library: Path | None) -> dict[str, int]:
+    """The three edits below on ``model``, for the kernels of ``library`` (None: none); how many
+    nodes each changed: ``swiglu`` (layers folded), ``attention`` and ``norm`` (nodes swapped)."""
+    if library is None:
+        return {}
+    return {"swiglu": fuse_swiglu(model, library), "attention": cached_attention(model, library),
+            "norm": skip_rms_norm(model, library)}
 
 
 def fuse_swiglu(model: Any, library: Path | None) -> int:
@@ -172,28 +182,72 @@ def cached_attention(model: Any, library: Path | None) -> int:
     (rotary in halves, no window, no soft-cap, float32 caches, the nine inputs of ortserve's
     graphs) becomes it, on the same inputs and outputs; returns how many. Only when ``library``
     (the kernels the session loads) has the op."""
-    from onnx import TensorProto, helper
+    from onnx import helper
 
-    from ortserve.native import DOMAIN, OPSET, library_features
+    from ortserve.native import DOMAIN, library_features
 
     graph = model.graph
     nodes = [n for n in graph.node if n.op_type == "GroupQueryAttention" and n.domain == "com.microsoft"]
     if not nodes or "cached_attention" not in library_features(library):
         return 0
-    types = {v.name: v.type.tensor_type.elem_type for v in graph.input}
+    float_caches = _float_caches(graph)
     swapped = 0
     for node in nodes:
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         same = all(attrs.get(name, want) == want for name, want in _GQA_SAME.items()) and attrs.get("do_rotary") == 1
         known = set(attrs) <= {"num_heads", "kv_num_heads", "scale", *_GQA_SAME}
         if not (same and known and len(node.input) == 9 and node.input[7] and node.input[8]
-                and types.get(node.input[3]) == TensorProto.FLOAT):
+                and node.input[3] in float_caches):
             continue
         keep = [a for a in node.attribute if a.name in ("num_heads", "kv_num_heads", "scale")]
         node.op_type, node.domain = "CachedAttention", DOMAIN
         del node.attribute[:]
         node.attribute.extend(keep)
         swapped += 1
-    if swapped and not any(o.domain == DOMAIN for o in model.opset_import):
-        model.opset_import.append(helper.make_opsetid(DOMAIN, OPSET))
+    if swapped:
+        _import_domain(model)
     return swapped
+
+
+def skip_rms_norm(model: Any, library: Path | None) -> int:
+    """Edit ``model`` in place: each SkipSimplifiedLayerNormalization of a float32 graph (caches in
+    float32), without a bias and with no attribute but epsilon, becomes the library's SkipRmsNorm
+    with the two outputs ortserve's graphs read (the normed rows, the residual sum); returns how
+    many. Only when ``library`` has the op."""
+
+    from ortserve.native import DOMAIN, library_features
+
+    graph = model.graph
+    nodes = [n for n in graph.node if n.op_type == "SkipSimplifiedLayerNormalization" and n.domain == "com.microsoft"]
+    if not nodes or not _float_caches(graph) or "skip_rms_norm" not in library_features(library):
+        return 0
+    swapped = 0
+    for node in nodes:
+        outs = list(node.output)
+        if len(node.input) != 3 or [a.name for a in node.attribute] != ["epsilon"] or any(outs[1:3]):
+            continue
+        total = outs[3] if len(outs) > 3 and outs[3] else f"{node.name}/ortserve_sum"
+        node.op_type, node.domain = "SkipRmsNorm", DOMAIN
+        del node.output[:]
+        node.output.extend([outs[0], total])
+        swapped += 1
+    if swapped:
+        _import_domain(model)
+    return swapped
+
+
+def _float_caches(graph: Any) -> set[str]:
+    """The graph's KV-cache inputs held in float32 (the ops' only type)."""
+    from onnx import TensorProto
+
+    return {v.name for v in graph.input if v.name.startswith("past_key_values.")
+            and v.type.tensor_type.elem_type == TensorProto.FLOAT}
+
+
+def _import_domain(model: Any) -> None:
+    from onnx import helper
+
+    from ortserve.native import DOMAIN, OPSET
+
+    if not any(o.domain == DOMAIN for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(DOMAIN, OPSET))

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ortserve.engine.graph import LOGIT_ROWS, cached_attention, fuse_swiglu, gather_positions, load_decoder
+from ortserve.engine.graph import LOGIT_ROWS, gather_positions, load_decoder, native_edits
 from ortserve.engine.huge_pages import anon_mappings, hand_native_weights, use_huge_pages
 from ortserve.engine.kvcache import DeviceKV, HostKV, device_of
 from ortserve.engine.lora import Adapter, LoraInputs, add_lora, find_targets, split_key
@@ -82,13 +82,10 @@ class Runner:
             self.lora_dtype = np.float16 if kv.type.tensor_type.elem_type == 10 else np.float32
             add_lora(proto, self.lora_targets, self.lora_dtype, lora_mode)
         self.lora_mode = lora_mode
-        # the native kernels' own nodes (engine/graph.py); after LoRA's edit, as a down_proj term
-        # reads the SwiGLU product and that layer keeps it
-        library = session_library(spec.onnx_path.parent) if proto is not None else None
-        self.swiglu_fused = fuse_swiglu(proto, library) if library else 0
-        self.attention_swapped = cached_attention(proto, library) if library else 0
-        edited = bytes(proto.SerializeToString()) if sliced or lora or self.swiglu_fused or self.attention_swapped \
-            else None
+        # the native kernels' own nodes (engine/graph.py), after LoRA's edit: a down_proj term reads
+        # the SwiGLU product and that layer keeps it
+        self.native_edits = native_edits(proto, session_library(spec.onnx_path.parent)) if proto is not None else {}
+        edited = bytes(proto.SerializeToString()) if sliced or lora or any(self.native_edits.values()) else None
         session_options = register_custom_ops(session_options or ort.SessionOptions(), spec.onnx_path.parent)
         if edited is not None:
             model = edited

@@ -54,4 +54,9 @@ OrtStatus *osg_attention_create(const OrtApi *api, int parallel, const OrtKernel
 OrtStatus *osg_attention_compute(void *kernel, OrtKernelContext *ctx);
 void osg_attention_destroy(void *kernel);
 
+/* ops_norm.c: the SkipRmsNorm op's kernel. */
+OrtStatus *osg_norm_create(const OrtApi *api, int parallel, const OrtKernelInfo *info, void **kernel);
+OrtStatus *osg_norm_compute(void *kernel, OrtKernelContext *ctx);
+void osg_norm_destroy(void *kernel);
+
 #endif /* ORTSERVE_OPS_INTERNAL_H */

@@ -126,6 +126,38 @@ static GgufOp attention_op(const OrtApi *api, int parallel) {
   return g;
 }
 
+/* ---- SkipRmsNorm (ops_norm.c): input, skip, gamma -> output, sum; all float ---- */
+
+static const char *OSG_ORT_CALL norm_name(const OrtCustomOp *op) { (void)op; return "SkipRmsNorm"; }
+
+static ONNXTensorElementDataType OSG_ORT_CALL all_float(const OrtCustomOp *op, size_t index) {
+  (void)op, (void)index;
+  return OSG_TENSOR_FLOAT;
+}
+
+static OrtStatus *OSG_ORT_CALL norm_create(const OrtCustomOp *op, const OrtApi *api, const OrtKernelInfo *info,
+                                           void **kernel) {
+  const GgufOp *g = (const GgufOp *)op;
+  (void)api;
+  return osg_norm_create(g->api, g->parallel, info, kernel);
+}
+
+static OrtStatus *OSG_ORT_CALL norm_compute(void *kernel, OrtKernelContext *ctx) { return osg_norm_compute(kernel, ctx); }
+
+static void OSG_ORT_CALL norm_destroy(void *kernel) { osg_norm_destroy(kernel); }
+
+static GgufOp norm_op(const OrtApi *api, int parallel) {
+  GgufOp g = {
+      {
+          OSG_CUSTOM_OP_VERSION, NULL, norm_name, cpu_provider, all_float, three, float_output, two,
+          NULL, norm_destroy, required, required, default_memory,
+          arity_one, homogeneous, arity_one, homogeneous,
+          norm_create, norm_compute, NULL, NULL, NULL,
+      },
+      api, parallel, 0};
+  return g;
+}
+
 /* ---- registration ---- */
 
 static GgufOp op_for(const OrtApi *api, int parallel, int gather) {
@@ -147,7 +179,7 @@ static GgufOp op_for(const OrtApi *api, int parallel, int gather) {
 #define OSG_MAX_RUNTIMES 8
 static struct {
   const OrtApi *api;
-  GgufOp matmul, gather, attention;
+  GgufOp matmul, gather, attention, norm;
 } g_runtimes[OSG_MAX_RUNTIMES];
 static int g_runtime_count;
 
@@ -164,6 +196,7 @@ static int runtime_index(const OrtApi *api, int parallel) {
     g_runtimes[found].matmul = op_for(api, parallel, 0);
     g_runtimes[found].gather = op_for(api, parallel, 1);
     g_runtimes[found].attention = attention_op(api, parallel);
+    g_runtimes[found].norm = norm_op(api, parallel);
     __sync_synchronize();
     g_runtime_count++;
   }
@@ -195,6 +228,7 @@ OSG_EXPORT OrtStatus *OSG_ORT_CALL RegisterCustomOps(OrtSessionOptions *options,
   RETURN_IF_ERROR(api->CustomOpDomain_Add(domain, &g_runtimes[rt].matmul.op));
   RETURN_IF_ERROR(api->CustomOpDomain_Add(domain, &g_runtimes[rt].gather.op));
   RETURN_IF_ERROR(api->CustomOpDomain_Add(domain, &g_runtimes[rt].attention.op));
+  RETURN_IF_ERROR(api->CustomOpDomain_Add(domain, &g_runtimes[rt].norm.op));
   /* The domain must outlive every session made from these options, and ORT gives no hook for
    * when the last one ends: it is kept for the life of the process (a few dozen bytes). */
   return api->AddCustomOpDomain(options, domain);
@@ -202,4 +236,4 @@ OSG_EXPORT OrtStatus *OSG_ORT_CALL RegisterCustomOps(OrtSessionOptions *options,
 
 /* What this build of the library offers beyond version 1's two ops, for a caller deciding what to
  * write into a graph (ortserve.native.library_features): space-separated names. */
-OSG_EXPORT const char *osg_features(void) { return "swiglu cached_attention"; }
+OSG_EXPORT const char *osg_features(void) { return "swiglu cached_attention skip_rms_norm"; }
