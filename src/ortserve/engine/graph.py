@@ -98,8 +98,8 @@ def native_edits(model: Any, library: Path | None) -> dict[str, int]:
 def fuse_swiglu(model: Any, library: Path | None) -> int:
     """Edit ``model`` in place: each ``Split(gate_up) -> Sigmoid, Mul (silu) -> Mul (by up) ->
     GgufMatMul (down)`` becomes the one GgufMatMul with ``swiglu=1`` reading the fused gate_up
-    projection; returns how many. Only when ``library`` (the model folder's copy of the kernels)
-    has the attribute, and only where every tensor between the two projections is read by the
+    projection; returns how many. Only when ``library`` (the kernels the session loads) has the
+    attribute, and only where every tensor between the two projections is read by the
     pattern alone: a LoRA term on down_proj (engine/lora.py, applied first) reads the product, so
     that layer keeps its nodes."""
     from onnx import helper
@@ -119,7 +119,7 @@ def fuse_swiglu(model: Any, library: Path | None) -> int:
     outputs = {o.name for o in graph.output}
     inits = {t.name: t for t in graph.initializer}
     gone: set[int] = set()
-    fused = 0
+    sizes: set[str] = set()
     for down in downs:
         found = _swiglu_nodes(down, producer, readers, outputs, inits)
         if found is None:
@@ -128,16 +128,15 @@ def fuse_swiglu(model: Any, library: Path | None) -> int:
         down.input[0] = split.input[0]
         down.attribute.append(helper.make_attribute("swiglu", 1))
         gone.update(id(n) for n in found)
-        fused += 1
-    if fused:
+        sizes.add(split.input[1])
+    if gone:
         kept = [n for n in graph.node if id(n) not in gone]
         del graph.node[:]
         graph.node.extend(kept)
         read = {name for n in kept for name in n.input}
-        unread = [t for t in graph.initializer if t.name not in read]   # the Splits' sizes
-        for t in unread:
+        for t in [t for t in graph.initializer if t.name in sizes - read]:   # the Splits' sizes, unless shared
             graph.initializer.remove(t)
-    return fused
+    return len(gone) // 4
 
 
 def _swiglu_nodes(down: Any, producer: dict[str, Any], readers: dict[str, list[Any]], outputs: set[str],

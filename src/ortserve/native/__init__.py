@@ -6,8 +6,10 @@ domain `ortserve.gguf` (docs/native.md):
 
 - `GgufMatMul(X float [..., K], W uint8 [N, row_bytes]) -> [..., N]`, attributes ggml_type, K, N
   (and swiglu=1: X is [..., 2K], a gate then an up, and the op multiplies silu(gate) * up)
-- `CachedAttention`: GroupQueryAttention's inputs and outputs, for the rotary, unwindowed case
 - `GgufGather(W uint8 [V, row_bytes], ids int64 [...]) -> [..., K]`, attributes ggml_type, K, V
+- `CachedAttention`: GroupQueryAttention's inputs and outputs, for the rotary, unwindowed case
+- `SkipRmsNorm(input, skip, gamma) -> (output, sum)`: SkipSimplifiedLayerNormalization's two
+  outputs the graphs read
 
 `status()` says whether they can be used here and, when not, why: disabled by setting, not built,
 failed to load, or a CPU the kernels have no fast path for. Everything above asks it first and
@@ -133,8 +135,8 @@ def _load(path: Path) -> ctypes.CDLL:
 
 def library_features(library: Path | None) -> frozenset[str]:
     """What a copy of the library offers beyond the two ops of version 1 (``osg_features``):
-    ``swiglu`` (GgufMatMul's attribute), ``cached_attention`` (the CachedAttention op). Empty for
-    no file, a file that does not load, or a copy older than the list."""
+    ``swiglu`` (GgufMatMul's attribute), ``cached_attention`` and ``skip_rms_norm`` (the ops).
+    Empty for no file, a file that does not load, or a copy older than the list."""
     if library is None or not Path(library).is_file():
         return frozenset()
     try:
@@ -175,7 +177,7 @@ def session_library(model_dir: Path, part: str = "decoder", native: NativeStatus
     when the folder names none; this package's build when the ops are active here; else the
     folder's copy. The folder's copy is as old as the folder's import and is what
     onnxruntime-genai loads. The package's build runs every graph an older copy ran (the ops only
-    gain optional attributes), so a folder gets the kernels of the installed ortserve without a
+    gain optional attributes and new ops), so a folder gets the kernels of the installed ortserve without a
     re-import."""
     lib = custom_ops_library(model_dir, part)
     if lib is None:

@@ -148,6 +148,7 @@ typedef struct {
   const int32_t *seqlens;
   float *out, *present_k, *present_v;
   float scale;
+  int failed; /* set by a task that could not get memory */
 } AttentionWork;
 
 static int64_t first_position(const AttentionWork *w, int64_t b) {
@@ -184,8 +185,8 @@ static void attend_task(void *user, size_t task) {
     g_scratch_len = g_scratch ? need : 0;
   }
   float *out = w->out + (size_t)(bs * kn->heads * d);
-  if (g_scratch == NULL) { /* out of memory: NaN, which no sampler mistakes for an answer */
-    for (int64_t i = 0; i < group * d; i++) out[h * group * d + i] = NAN;
+  if (g_scratch == NULL) { /* out of memory: osg_attention_compute reports it */
+    __atomic_store_n(&((AttentionWork *)user)->failed, 1, __ATOMIC_RELAXED);
     return;
   }
   void (*attend)(const float *, const float *, const float *, int64_t, int64_t, float, float *, float *) = attend_plain;
@@ -302,5 +303,9 @@ OrtStatus *osg_attention_compute(void *kernel, OrtKernelContext *ctx) {
   } else {
     RETURN_IF_ERROR(run_tasks(kn, ctx, store_task, tasks, &w));
   }
-  return run_tasks(kn, ctx, attend_task, tasks, &w);
+  RETURN_IF_ERROR(run_tasks(kn, ctx, attend_task, tasks, &w));
+  return __atomic_load_n(&w.failed, __ATOMIC_RELAXED)
+             ? osg_fail(api, OSG_ORT_FAIL, "%s: out of memory for the scores of %lld positions", op,
+                        (long long)w.capacity)
+             : NULL;
 }
