@@ -270,13 +270,13 @@ def test_lora_terms_land_on_the_native_projections(smollm2: SimpleNamespace, mon
 
     spec = ModelSpec.read(smollm2.native)
     plain_runner = Runner(spec, slots=1)
-    # every layer's SwiGLU goes into its down_proj; its attention and skip-norms are the library's
-    # (engine/graph.py: layer 0's input norm has no skip, the final norm has one)
-    assert plain_runner.native_edits == {"swiglu": 30, "attention": 30, "norm": 60}
+    # every layer's SwiGLU goes into its down_proj; its skip-norms are the library's (engine/graph.py:
+    # layer 0's input norm has no skip, the final norm has one)
+    assert plain_runner.native_edits == {"swiglu": 30, "norm": 60}
     runner = Runner(spec, slots=2, lora=True)
     assert len(runner.lora_targets) == 30 * 4    # qkv, o, gate_up and down of every layer
     # a down_proj term reads the SwiGLU product, so each layer keeps its nodes (engine/graph.py fuse_swiglu)
-    assert runner.native_edits == {"swiglu": 0, "attention": 30, "norm": 60}
+    assert runner.native_edits == {"swiglu": 0, "norm": 60}
     rng = np.random.default_rng(0)
     weights = {f"layers.{t.layer}.{name}": (rng.normal(0, 0.05, (t.inputs, 4)).astype(np.float32),
                                             rng.normal(0, 0.05, (4, width)).astype(np.float32))

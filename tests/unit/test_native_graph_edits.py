@@ -2,9 +2,8 @@
 GgufMatMul (down) becomes one GgufMatMul with swiglu=1, only where the library has it and nothing
 else reads the tensors between, and the folded graph computes what the four nodes did (up to the
 rounding of the activation's int8 quantization, which the SwiGLU's last ulp can move by one step).
-cached_attention and skip_rms_norm: a GroupQueryAttention or SkipSimplifiedLayerNormalization
-becomes the library's op only where it computes the same (tests/unit/test_native_attention.py and
-test_native_norm.py compare the ops)."""
+skip_rms_norm: a SkipSimplifiedLayerNormalization becomes the library's SkipRmsNorm only where it
+computes the same (tests/unit/test_native_norm.py compares the two ops)."""
 from __future__ import annotations
 
 import sys
@@ -15,7 +14,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from ortserve import native
-from ortserve.engine.graph import cached_attention, fuse_swiglu, native_edits, skip_rms_norm
+from ortserve.engine.graph import fuse_swiglu, native_edits, skip_rms_norm
 from ortserve.native import build as native_build
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the library builds on Linux")
@@ -104,45 +103,6 @@ def test_a_library_without_the_attribute_keeps_the_nodes(tmp_path):
     old = tmp_path / native.LIBRARY_NAME   # not a library at all: refused, not loaded
     old.write_bytes(b"\x7fELF not really")
     assert fuse_swiglu(model, old) == 0 and len(model.graph.node) == 6
-
-
-def gqa_model(**attrs) -> object:
-    f = TensorProto.FLOAT
-    names = ["q", "k", "v", "past_key_values.0.key", "past_key_values.0.value", "seqlens_k", "total", "cos", "sin"]
-    node = helper.make_node("GroupQueryAttention", names, ["out", "present.0.key", "present.0.value"],
-                            domain="com.microsoft", name="/model/layers.0/attn/GroupQueryAttention",
-                            **{"num_heads": 8, "kv_num_heads": 2, "do_rotary": 1, "scale": 0.125, **attrs})
-    inputs = [helper.make_tensor_value_info(n, TensorProto.INT32 if n in ("seqlens_k", "total") else f, None)
-              for n in names]
-    graph = helper.make_graph([node], "attention", inputs, [helper.make_tensor_value_info("out", f, None)])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
-
-
-def test_group_query_attention_becomes_cached_attention(library):
-    model = gqa_model(rotary_interleaved=0, local_window_size=-1, softcap=0.0)
-    assert cached_attention(model, library) == 1
-    node = model.graph.node[0]
-    assert (node.op_type, node.domain) == ("CachedAttention", native.DOMAIN)
-    assert {a.name: helper.get_attribute_value(a) for a in node.attribute} == {
-        "num_heads": 8, "kv_num_heads": 2, "scale": 0.125}
-    assert list(node.output) == ["out", "present.0.key", "present.0.value"]
-    assert any(o.domain == native.DOMAIN for o in model.opset_import)
-
-
-@pytest.mark.parametrize("attrs", [{"local_window_size": 512}, {"softcap": 30.0}, {"rotary_interleaved": 1},
-                                   {"do_rotary": 0}, {"smooth_softmax": 1}, {"qk_output": 1}],
-                         ids=["window", "softcap", "interleaved", "no rotary", "smooth softmax", "unknown"])
-def test_what_cached_attention_does_not_compute_stays_group_query_attention(library, attrs):
-    model = gqa_model(**attrs)
-    assert cached_attention(model, library) == 0
-    assert model.graph.node[0].op_type == "GroupQueryAttention"
-
-
-def test_fp16_caches_or_an_old_library_keep_group_query_attention(library):
-    model = gqa_model()
-    model.graph.input[3].type.tensor_type.elem_type = TensorProto.FLOAT16
-    assert cached_attention(model, library) == 0
-    assert cached_attention(gqa_model(), None) == 0
 
 
 def norm_model(bias: bool = False, outputs: tuple[str, ...] = ("out", "", "", "sum"), **attrs) -> object:

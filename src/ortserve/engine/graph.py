@@ -1,9 +1,8 @@
 """Load-time graph edits to the builder's decoder.
 
 ``fuse_swiglu`` hands the MLP's SwiGLU to the GGUF-native down projection (one node a layer instead
-of four), and ``cached_attention`` and ``skip_rms_norm`` swap GroupQueryAttention and
-SkipSimplifiedLayerNormalization for the library's CachedAttention and SkipRmsNorm, the same
-computations without onnxruntime's per-call set-up (docs/native.md).
+of four), and ``skip_rms_norm`` swaps SkipSimplifiedLayerNormalization for the library's
+SkipRmsNorm, the same computation without onnxruntime's per-call set-up (docs/native.md).
 
 The builder's graph returns logits for every input position: for an 8k-token prompt that is
 8k x 49k x 4 B = 1.6 GB, and the LM head over every prompt position is a large share of
@@ -87,12 +86,11 @@ def lm_head(graph: Any) -> Any:
 
 
 def native_edits(model: Any, library: Path | None) -> dict[str, int]:
-    """The three edits below on ``model``, for the kernels of ``library`` (None: none); how many
-    nodes each changed: ``swiglu`` (layers folded), ``attention`` and ``norm`` (nodes swapped)."""
+    """The two edits below on ``model``, for the kernels of ``library`` (None: none); how many
+    nodes each changed: ``swiglu`` (layers folded) and ``norm`` (nodes swapped)."""
     if library is None:
         return {}
-    return {"swiglu": fuse_swiglu(model, library), "attention": cached_attention(model, library),
-            "norm": skip_rms_norm(model, library)}
+    return {"swiglu": fuse_swiglu(model, library), "norm": skip_rms_norm(model, library)}
 
 
 def fuse_swiglu(model: Any, library: Path | None) -> int:
@@ -169,43 +167,6 @@ def _swiglu_nodes(down: Any, producer: dict[str, Any], readers: dict[str, list[A
             if axis == -1 and even and only(gate, sig, silu) and only(up, mul):
                 return [split, sig, silu, mul]
     return None
-
-
-# GroupQueryAttention's attributes CachedAttention computes the same for, with the values it takes
-_GQA_SAME = {"do_rotary": 1, "rotary_interleaved": 0, "local_window_size": -1, "softcap": 0.0,
-             "smooth_softmax": 0}
-
-
-def cached_attention(model: Any, library: Path | None) -> int:
-    """Edit ``model`` in place: each GroupQueryAttention that CachedAttention computes the same
-    (rotary in halves, no window, no soft-cap, float32 caches, the nine inputs of ortserve's
-    graphs) becomes it, on the same inputs and outputs; returns how many. Only when ``library``
-    (the kernels the session loads) has the op."""
-    from onnx import helper
-
-    from ortserve.native import DOMAIN, library_features
-
-    graph = model.graph
-    nodes = [n for n in graph.node if n.op_type == "GroupQueryAttention" and n.domain == "com.microsoft"]
-    if not nodes or "cached_attention" not in library_features(library):
-        return 0
-    float_caches = _float_caches(graph)
-    swapped = 0
-    for node in nodes:
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-        same = all(attrs.get(name, want) == want for name, want in _GQA_SAME.items()) and attrs.get("do_rotary") == 1
-        known = set(attrs) <= {"num_heads", "kv_num_heads", "scale", *_GQA_SAME}
-        if not (same and known and len(node.input) == 9 and node.input[7] and node.input[8]
-                and node.input[3] in float_caches):
-            continue
-        keep = [a for a in node.attribute if a.name in ("num_heads", "kv_num_heads", "scale")]
-        node.op_type, node.domain = "CachedAttention", DOMAIN
-        del node.attribute[:]
-        node.attribute.extend(keep)
-        swapped += 1
-    if swapped:
-        _import_domain(model)
-    return swapped
 
 
 def skip_rms_norm(model: Any, library: Path | None) -> int:

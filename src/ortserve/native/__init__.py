@@ -7,7 +7,6 @@ domain `ortserve.gguf` (docs/native.md):
 - `GgufMatMul(X float [..., K], W uint8 [N, row_bytes]) -> [..., N]`, attributes ggml_type, K, N
   (and swiglu=1: X is [..., 2K], a gate then an up, and the op multiplies silu(gate) * up)
 - `GgufGather(W uint8 [V, row_bytes], ids int64 [...]) -> [..., K]`, attributes ggml_type, K, V
-- `CachedAttention`: GroupQueryAttention's inputs and outputs, for the rotary, unwindowed case
 - `SkipRmsNorm(input, skip, gamma) -> (output, sum)`: SkipSimplifiedLayerNormalization's two
   outputs the graphs read
 
@@ -135,7 +134,7 @@ def _load(path: Path) -> ctypes.CDLL:
 
 def library_features(library: Path | None) -> frozenset[str]:
     """What a copy of the library offers beyond the two ops of version 1 (``osg_features``):
-    ``swiglu`` (GgufMatMul's attribute), ``cached_attention`` and ``skip_rms_norm`` (the ops).
+    ``swiglu`` (GgufMatMul's attribute) and ``skip_rms_norm`` (the SkipRmsNorm op).
     Empty for no file, a file that does not load, or a copy older than the list."""
     if library is None or not Path(library).is_file():
         return frozenset()

@@ -49,11 +49,6 @@ OrtStatus *OSG_ORT_CALL osg_op_create(const OrtCustomOp *op, const OrtApi *api, 
 OrtStatus *OSG_ORT_CALL osg_op_compute(void *kernel, OrtKernelContext *ctx);
 void OSG_ORT_CALL osg_op_destroy(void *kernel);
 
-/* ops_attention.c: the CachedAttention op's kernel (parallel: the runtime has KernelContext_ParallelFor). */
-OrtStatus *osg_attention_create(const OrtApi *api, int parallel, const OrtKernelInfo *info, void **kernel);
-OrtStatus *osg_attention_compute(void *kernel, OrtKernelContext *ctx);
-void osg_attention_destroy(void *kernel);
-
 /* ops_norm.c: the SkipRmsNorm op's kernel. */
 OrtStatus *osg_norm_create(const OrtApi *api, int parallel, const OrtKernelInfo *info, void **kernel);
 OrtStatus *osg_norm_compute(void *kernel, OrtKernelContext *ctx);

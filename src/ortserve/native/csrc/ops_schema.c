@@ -82,53 +82,11 @@ static OrtStatus *OSG_ORT_CALL infer_shape(const OrtCustomOp *op, OrtShapeInferC
   return status;
 }
 
-/* ---- CachedAttention (ops_attention.c): GroupQueryAttention's nine inputs, key and value optional
- * (absent with a packed query), seqlens_k and total_sequence_length int32; three float outputs ---- */
-
-static const char *OSG_ORT_CALL attention_name(const OrtCustomOp *op) { (void)op; return "CachedAttention"; }
-
-static ONNXTensorElementDataType OSG_ORT_CALL attention_input_type(const OrtCustomOp *op, size_t index) {
-  (void)op;
-  return index == 5 || index == 6 ? OSG_TENSOR_INT32 : OSG_TENSOR_FLOAT;
-}
-
-static size_t OSG_ORT_CALL nine(const OrtCustomOp *op) { (void)op; return 9; }
-static size_t OSG_ORT_CALL three(const OrtCustomOp *op) { (void)op; return 3; }
-
-static OrtCustomOpInputOutputCharacteristic OSG_ORT_CALL attention_input(const OrtCustomOp *op, size_t index) {
-  (void)op;
-  return index == 1 || index == 2 ? OSG_IO_OPTIONAL : OSG_IO_REQUIRED;
-}
-
-static OrtStatus *OSG_ORT_CALL attention_create(const OrtCustomOp *op, const OrtApi *api, const OrtKernelInfo *info,
-                                                void **kernel) {
-  const GgufOp *g = (const GgufOp *)op;
-  (void)api;
-  return osg_attention_create(g->api, g->parallel, info, kernel);
-}
-
-static OrtStatus *OSG_ORT_CALL attention_compute(void *kernel, OrtKernelContext *ctx) {
-  return osg_attention_compute(kernel, ctx);
-}
-
-static void OSG_ORT_CALL attention_destroy(void *kernel) { osg_attention_destroy(kernel); }
-
-static GgufOp attention_op(const OrtApi *api, int parallel) {
-  GgufOp g = {
-      {
-          OSG_CUSTOM_OP_VERSION, /* no shape inference: the output shapes are known when it runs */
-          NULL, attention_name, cpu_provider, attention_input_type, nine, float_output, three,
-          NULL, attention_destroy, attention_input, required, default_memory,
-          arity_one, homogeneous, arity_one, homogeneous,
-          attention_create, attention_compute, NULL, NULL, NULL,
-      },
-      api, parallel, 0};
-  return g;
-}
-
 /* ---- SkipRmsNorm (ops_norm.c): input, skip, gamma -> output, sum; all float ---- */
 
 static const char *OSG_ORT_CALL norm_name(const OrtCustomOp *op) { (void)op; return "SkipRmsNorm"; }
+
+static size_t OSG_ORT_CALL three(const OrtCustomOp *op) { (void)op; return 3; }
 
 static ONNXTensorElementDataType OSG_ORT_CALL all_float(const OrtCustomOp *op, size_t index) {
   (void)op, (void)index;
@@ -179,7 +137,7 @@ static GgufOp op_for(const OrtApi *api, int parallel, int gather) {
 #define OSG_MAX_RUNTIMES 8
 static struct {
   const OrtApi *api;
-  GgufOp matmul, gather, attention, norm;
+  GgufOp matmul, gather, norm;
 } g_runtimes[OSG_MAX_RUNTIMES];
 static int g_runtime_count;
 
@@ -195,7 +153,6 @@ static int runtime_index(const OrtApi *api, int parallel) {
     g_runtimes[found].api = api;
     g_runtimes[found].matmul = op_for(api, parallel, 0);
     g_runtimes[found].gather = op_for(api, parallel, 1);
-    g_runtimes[found].attention = attention_op(api, parallel);
     g_runtimes[found].norm = norm_op(api, parallel);
     __sync_synchronize();
     g_runtime_count++;
@@ -227,7 +184,6 @@ OSG_EXPORT OrtStatus *OSG_ORT_CALL RegisterCustomOps(OrtSessionOptions *options,
   RETURN_IF_ERROR(api->CreateCustomOpDomain(OSG_DOMAIN, &domain));
   RETURN_IF_ERROR(api->CustomOpDomain_Add(domain, &g_runtimes[rt].matmul.op));
   RETURN_IF_ERROR(api->CustomOpDomain_Add(domain, &g_runtimes[rt].gather.op));
-  RETURN_IF_ERROR(api->CustomOpDomain_Add(domain, &g_runtimes[rt].attention.op));
   RETURN_IF_ERROR(api->CustomOpDomain_Add(domain, &g_runtimes[rt].norm.op));
   /* The domain must outlive every session made from these options, and ORT gives no hook for
    * when the last one ends: it is kept for the life of the process (a few dozen bytes). */
@@ -236,4 +192,4 @@ OSG_EXPORT OrtStatus *OSG_ORT_CALL RegisterCustomOps(OrtSessionOptions *options,
 
 /* What this build of the library offers beyond version 1's two ops, for a caller deciding what to
  * write into a graph (ortserve.native.library_features): space-separated names. */
-OSG_EXPORT const char *osg_features(void) { return "swiglu cached_attention skip_rms_norm"; }
+OSG_EXPORT const char *osg_features(void) { return "swiglu skip_rms_norm"; }

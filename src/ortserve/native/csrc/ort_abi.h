@@ -55,7 +55,6 @@ typedef enum {
   OSG_TENSOR_UNDEFINED = 0,
   OSG_TENSOR_FLOAT = 1,
   OSG_TENSOR_UINT8 = 2,
-  OSG_TENSOR_INT32 = 6,
   OSG_TENSOR_INT64 = 7,
 } ONNXTensorElementDataType;
 
