@@ -30,9 +30,13 @@ from ortserve.engine.formats import FALLBACK, FORMATS, LEAD, MUST, TOOL_MARK, To
 
 log = logging.getLogger(__name__)
 
-# Tokens kept beyond the closing path: one sampled token can open about this much structure
-# (a key and a string, a nested object) before the next check.
+# Tokens kept beyond the longest call so far before another call starts (ToolBudget).
 MARGIN = 4
+# The closing path is taken once it needs this many tokens fewer than are left: one sampled token
+# can lengthen it by that much before the next check (in an object three deep, a "," took SmolLM2's
+# shortest close from 2 tokens to 7: a key, ":", a value, three "}"). With 4 the answer was cut
+# unclosed at max_tokens (test_tool_loops.py, json_object at seed 38 in a batch of 16).
+CLOSE_AHEAD = 8
 WS_RUN = 16  # longest run of whitespace characters inside JSON
 CLOSERS = ('"}', '"]', '}}', '"', "}", "]", "]}", "}]", '""', "0", "{}", "[]", "null", "false", "true",
            ":", ",", " ", "a")
@@ -216,10 +220,10 @@ class JsonBudget(Policy):
             path = closing_path(matcher, self.vocab, left, self.scan)
             if path is None:             # cannot close in time whatever happens: let it run
                 self._check_at = left - 1
-            elif path and len(path) + MARGIN >= left:
+            elif path and len(path) + CLOSE_AHEAD >= left:
                 self.plan = path
             else:
-                self._check_at = left - max(1, (left - len(path) - MARGIN) // 4)
+                self._check_at = left - max(1, (left - len(path) - CLOSE_AHEAD) // 4)
         if self.plan:
             only(row, self.plan[0])
 
