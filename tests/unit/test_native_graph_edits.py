@@ -76,7 +76,7 @@ def test_the_four_nodes_become_one_that_computes_the_same(library):
     rng = np.random.default_rng(0)
     plain = mlp(rng)
     folded = mlp(np.random.default_rng(0))
-    assert fuse_swiglu(folded, library) == 1
+    assert fuse_swiglu(folded, native.library_features(library)) == 1
     ops = [n.op_type for n in folded.graph.node]
     assert ops == [native.MATMUL_OP, native.MATMUL_OP]
     down = folded.graph.node[1]
@@ -93,16 +93,16 @@ def test_the_four_nodes_become_one_that_computes_the_same(library):
 
 def test_a_second_reader_of_the_product_keeps_the_nodes(library):
     model = mlp(np.random.default_rng(1), second_reader=True)
-    assert fuse_swiglu(model, library) == 0
+    assert fuse_swiglu(model, native.library_features(library)) == 0
     assert [n.op_type for n in model.graph.node].count("Mul") == 2
 
 
 def test_a_library_without_the_attribute_keeps_the_nodes(tmp_path):
     model = mlp(np.random.default_rng(2))
-    assert fuse_swiglu(model, None) == 0
+    assert fuse_swiglu(model, frozenset()) == 0
     old = tmp_path / native.LIBRARY_NAME   # not a library at all: refused, not loaded
     old.write_bytes(b"\x7fELF not really")
-    assert fuse_swiglu(model, old) == 0 and len(model.graph.node) == 6
+    assert fuse_swiglu(model, native.library_features(old)) == 0 and len(model.graph.node) == 6
 
 
 def norm_model(bias: bool = False, outputs: tuple[str, ...] = ("out", "", "", "sum"), **attrs) -> object:
@@ -117,11 +117,11 @@ def norm_model(bias: bool = False, outputs: tuple[str, ...] = ("out", "", "", "s
 
 def test_skip_norm_becomes_skip_rms_norm_with_its_two_read_outputs(library):
     model = norm_model()
-    assert skip_rms_norm(model, library) == 1
+    assert skip_rms_norm(model, native.library_features(library)) == 1
     node = model.graph.node[0]
     assert (node.op_type, node.domain, list(node.output)) == ("SkipRmsNorm", native.DOMAIN, ["out", "sum"])
     alone = norm_model(outputs=("out",))   # nobody reads the sum: the op still makes one, under its own name
-    assert skip_rms_norm(alone, library) == 1 and alone.graph.node[0].output[1].endswith("/ortserve_sum")
+    assert skip_rms_norm(alone, native.library_features(library)) == 1 and alone.graph.node[0].output[1].endswith("/ortserve_sum")
 
 
 @pytest.mark.parametrize("case", ["bias", "mean output", "attribute", "fp16"])
@@ -130,7 +130,7 @@ def test_what_skip_rms_norm_does_not_compute_stays(library, case):
              "attribute": lambda: norm_model(stash_type=1), "fp16": norm_model}[case]()
     if case == "fp16":
         model.graph.input[3].type.tensor_type.elem_type = TensorProto.FLOAT16
-    assert skip_rms_norm(model, library) == 0
+    assert skip_rms_norm(model, native.library_features(library)) == 0
     assert model.graph.node[0].op_type == "SkipSimplifiedLayerNormalization"
 
 

@@ -54,3 +54,24 @@ def test_a_library_outside_the_folder_or_missing_is_refused(tmp_path: Path, name
     (tmp_path / "libortserve_gguf.so").write_bytes(b"\x7fELF")
     with pytest.raises(ModelError, match="custom-op library"):
         check_onnx_dir(d)
+
+
+def test_install_into_copies_a_library_that_differs_and_keeps_one_that_is_equal(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The importers' copy of the library (native.install_into): written whole through a temporary
+    file, rewritten only when the bytes differ; nothing to copy gives None."""
+    from ortserve import native
+
+    build = tmp_path / "build" / native.LIBRARY_NAME
+    build.parent.mkdir()
+    build.write_bytes(b"\x7fELF new kernels")
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / native.LIBRARY_NAME).write_bytes(b"\x7fELF old kernels")
+    copy = native.install_into(folder, build)
+    assert copy == folder / native.LIBRARY_NAME and copy.read_bytes() == build.read_bytes()
+    assert [p.name for p in folder.iterdir()] == [native.LIBRARY_NAME]   # no temporary file left
+    stamp = copy.stat().st_mtime_ns
+    assert native.install_into(folder, build) == copy and copy.stat().st_mtime_ns == stamp
+    monkeypatch.setattr(native, "status", lambda: NativeStatus(False, "switched off", "", None))
+    assert native.install_into(folder) is None

@@ -87,27 +87,31 @@ def lm_head(graph: Any) -> Any:
 
 def native_edits(model: Any, library: Path | None) -> dict[str, int]:
     """The two edits below on ``model``, for the kernels of ``library`` (None: none); how many
-    nodes each changed: ``swiglu`` (layers folded) and ``norm`` (nodes swapped)."""
+    nodes each changed: ``swiglu`` (layers folded) and ``norm`` (nodes swapped). The library is
+    asked once what it offers."""
     if library is None:
         return {}
-    return {"swiglu": fuse_swiglu(model, library), "norm": skip_rms_norm(model, library)}
+    from ortserve.native import library_features
+
+    features = library_features(library)
+    return {"swiglu": fuse_swiglu(model, features), "norm": skip_rms_norm(model, features)}
 
 
-def fuse_swiglu(model: Any, library: Path | None) -> int:
+def fuse_swiglu(model: Any, features: frozenset[str]) -> int:
     """Edit ``model`` in place: each ``Split(gate_up) -> Sigmoid, Mul (silu) -> Mul (by up) ->
     GgufMatMul (down)`` becomes the one GgufMatMul with ``swiglu=1`` reading the fused gate_up
-    projection; returns how many. Only when ``library`` (the kernels the session loads) has the
-    attribute, and only where every tensor between the two projections is read by the
+    projection; returns how many. Only when ``features`` (``native.library_features`` of the
+    library the session loads) has the attribute, and only where every tensor between the two projections is read by the
     pattern alone: a LoRA term on down_proj (engine/lora.py, applied first) reads the product, so
     that layer keeps its nodes."""
     from onnx import helper
 
-    from ortserve.native import DOMAIN, MATMUL_OP, library_features
+    from ortserve.native import DOMAIN, MATMUL_OP
 
     graph = model.graph
     downs = [n for n in graph.node if n.op_type == MATMUL_OP and n.domain == DOMAIN
              and not any(a.name == "swiglu" for a in n.attribute)]
-    if not downs or "swiglu" not in library_features(library):
+    if not downs or "swiglu" not in features:
         return 0
     producer = {out: node for node in graph.node for out in node.output}
     readers: dict[str, list[Any]] = {}
@@ -169,17 +173,17 @@ def _swiglu_nodes(down: Any, producer: dict[str, Any], readers: dict[str, list[A
     return None
 
 
-def skip_rms_norm(model: Any, library: Path | None) -> int:
+def skip_rms_norm(model: Any, features: frozenset[str]) -> int:
     """Edit ``model`` in place: each SkipSimplifiedLayerNormalization of a float32 graph (caches in
     float32), without a bias and with no attribute but epsilon, becomes the library's SkipRmsNorm
     with the two outputs ortserve's graphs read (the normed rows, the residual sum); returns how
-    many. Only when ``library`` has the op."""
+    many. Only when ``features`` (``native.library_features``) has the op."""
 
-    from ortserve.native import DOMAIN, library_features
+    from ortserve.native import DOMAIN, ensure_domain
 
     graph = model.graph
     nodes = [n for n in graph.node if n.op_type == "SkipSimplifiedLayerNormalization" and n.domain == "com.microsoft"]
-    if not nodes or not _float_caches(graph) or "skip_rms_norm" not in library_features(library):
+    if not nodes or not _float_caches(graph) or "skip_rms_norm" not in features:
         return 0
     swapped = 0
     for node in nodes:
@@ -192,7 +196,7 @@ def skip_rms_norm(model: Any, library: Path | None) -> int:
         node.output.extend([outs[0], total])
         swapped += 1
     if swapped:
-        _import_domain(model)
+        ensure_domain(model)
     return swapped
 
 
@@ -203,11 +207,3 @@ def _float_caches(graph: Any) -> set[str]:
     return {v.name for v in graph.input if v.name.startswith("past_key_values.")
             and v.type.tensor_type.elem_type == TensorProto.FLOAT}
 
-
-def _import_domain(model: Any) -> None:
-    from onnx import helper
-
-    from ortserve.native import DOMAIN, OPSET
-
-    if not any(o.domain == DOMAIN for o in model.opset_import):
-        model.opset_import.append(helper.make_opsetid(DOMAIN, OPSET))

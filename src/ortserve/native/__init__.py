@@ -194,15 +194,28 @@ def register_custom_ops(so: Any, model_dir: Path, part: str = "decoder", native:
     return so
 
 
-def install_into(folder: Path, native: NativeStatus | None = None) -> Path | None:
-    """Copies the library into a model folder (onnxruntime-genai loads a `custom_ops_library` only
-    from inside it); returns the copy, or None when the ops are not active."""
-    native = native or status()
-    if not native.active or native.library is None:
+def install_into(folder: Path, library: Path | None = None) -> Path | None:
+    """Copies ``library`` (default: this package's build, when the ops are active) into a model
+    folder, where onnxruntime-genai loads a ``custom_ops_library`` from; replaced through a
+    temporary file when it differs. Returns the copy, or None when there is nothing to copy. The
+    importers call it (models/gguf/native.py ``install_library``); calling it on an older folder
+    gives onnxruntime-genai the installed kernels too."""
+    if library is None:
+        native = status()
+        library = native.library if native.active else None
+    if library is None:
         return None
     target = Path(folder) / LIBRARY_NAME
-    if not target.is_file() or target.read_bytes() != native.library.read_bytes():
+    if not target.is_file() or target.read_bytes() != Path(library).read_bytes():
         partial = target.with_name(target.name + ".tmp")
-        shutil.copyfile(native.library, partial)
+        shutil.copyfile(library, partial)
         partial.replace(target)
     return target
+
+
+def ensure_domain(model: Any) -> None:
+    """Add the ops' domain to an onnx ``model``'s opset imports, unless it is there."""
+    from onnx import helper
+
+    if not any(o.domain == DOMAIN for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(DOMAIN, OPSET))

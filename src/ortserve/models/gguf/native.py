@@ -13,7 +13,6 @@ type (concatenated rows of one type are valid rows of that type).
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -134,9 +133,12 @@ def uses_native(model: Any) -> bool:
 def install_library(plan: Plan, out_dir: Path) -> str:
     """Copy the library into the model folder (onnxruntime-genai loads it from there only);
     returns its file name, which genai_config.json names."""
+    from ortserve import native
+
     assert plan.library is not None
-    shutil.copy2(plan.library, out_dir / plan.library.name)
-    return plan.library.name
+    copy = native.install_into(out_dir, plan.library)
+    assert copy is not None
+    return copy.name
 
 
 def weight_bytes_per_token(model: Any) -> int:

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from ortserve.native import DOMAIN, OPSET, TYPE_IDS
+from ortserve.native import DOMAIN, TYPE_IDS, ensure_domain
 
 VERSION = 4          # bump when the rewrite changes: imports made before are redone (importer.py)
 ATTENTION = ("/attn/",)   # the builder's names of the attention projections (o_proj, cross k/v)
@@ -190,7 +190,6 @@ def native_q8(path: Path, only: tuple[str, ...]) -> int:
         node.CopyFrom(new)
         done += 1
     if done:
-        if not any(o.domain == DOMAIN for o in model.opset_import):
-            model.opset_import.append(helper.make_opsetid(DOMAIN, OPSET))
+        ensure_domain(model)
         _save(model, path)
     return done

@@ -33,6 +33,10 @@ OSG_API void   osg_quantize_act(int ggml_type, const float *x, void *xq, int64_t
 /* SwiGLU of one row of 2k floats, the gate then the up: h[j] = x[j] / (1 + exp(-x[j])) * x[k + j].
  * The SIMD paths compute exp with a polynomial within a few ulp of expf (the numpy twin allows it). */
 OSG_API void   osg_swiglu(const float *x, float *h, int64_t k);
+/* SkipRmsNorm of one row of h floats: sum = x + skip, out = sum * gamma / sqrt(mean(sum^2) + eps);
+ * the squares summed in float32 lanes of 8 (SIMD) or in order (scalar). */
+OSG_API void   osg_rmsnorm(const float *x, const float *skip, const float *gamma, float *out, float *sum,
+                           int64_t h, float eps);
 OSG_API void   osg_dequant_row(int ggml_type, const void *w_row, float *y, int64_t k); /* exact dequantization */
 /* Y[m*ldy + n] = dot(W row n, X row m) for n in [n0, n1), m in [0, m_rows): xq holds m_rows rows
  * quantized by osg_quantize_act, each osg_act_row_bytes(type,k) apart; w is the whole weight

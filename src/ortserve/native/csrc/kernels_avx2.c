@@ -171,6 +171,27 @@ AVX2 static void swiglu_avx2(const float *x, float *h, int64_t k) {
     for (; j < k; j++) h[j] = x[j] * x[k + j] / (1.0f + expf(-x[j]));
 }
 
+AVX2 static void rmsnorm_avx2(const float *x, const float *skip, const float *gamma, float *out, float *sum,
+                              int64_t h, float eps) {
+    __m256 sq = _mm256_setzero_ps();
+    int64_t n8 = h / 8 * 8;
+    for (int64_t i = 0; i < n8; i += 8) {
+        __m256 v = _mm256_add_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(skip + i));
+        _mm256_storeu_ps(sum + i, v);
+        sq = _mm256_fmadd_ps(v, v, sq);
+    }
+    float total = hsum_ps(sq);
+    for (int64_t i = n8; i < h; i++) {
+        sum[i] = x[i] + skip[i];
+        total += sum[i] * sum[i];
+    }
+    float inv = 1.0f / sqrtf(total / (float)h + eps);
+    __m256 iv = _mm256_set1_ps(inv);
+    for (int64_t i = 0; i < n8; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(sum + i), iv), _mm256_loadu_ps(gamma + i)));
+    for (int64_t i = n8; i < h; i++) out[i] = sum[i] * inv * gamma[i];
+}
+
 OSG_ROW_FAMILY(AVX2, q4_0, rows32, 0)
 OSG_ROW_FAMILY(AVX2, q4_1, rows32, 1)
 OSG_ROW_FAMILY(AVX2, q5_0, rows32, 2)
@@ -185,6 +206,7 @@ int osg_fill_avx2(osg_kernels *k) {
     k->quant32 = quant32_avx2;
     k->quant256 = quant256_avx2;
     k->swiglu = swiglu_avx2;
+    k->rmsnorm = rmsnorm_avx2;
     k->dot[OSG_Q4_0] = dot_q4_0; k->multi[OSG_Q4_0] = multi_q4_0;
     k->dot[OSG_Q4_1] = dot_q4_1; k->multi[OSG_Q4_1] = multi_q4_1;
     k->dot[OSG_Q5_0] = dot_q5_0; k->multi[OSG_Q5_0] = multi_q5_0;

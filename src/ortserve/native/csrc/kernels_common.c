@@ -248,6 +248,17 @@ static void swiglu_scalar(const float *x, float *h, int64_t k) {
     for (int64_t j = 0; j < k; j++) h[j] = x[j] * x[k + j] / (1.0f + expf(-x[j]));
 }
 
+static void rmsnorm_scalar(const float *x, const float *skip, const float *gamma, float *out, float *sum,
+                           int64_t h, float eps) {
+    float sq = 0.0f;
+    for (int64_t i = 0; i < h; i++) {
+        sum[i] = x[i] + skip[i];
+        sq += sum[i] * sum[i];
+    }
+    float inv = 1.0f / sqrtf(sq / (float)h + eps);
+    for (int64_t i = 0; i < h; i++) out[i] = sum[i] * inv * gamma[i];
+}
+
 /* ---- dispatch ---- */
 
 enum { ISA_SCALAR = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };
@@ -271,6 +282,7 @@ static void init_tables(void) {
     g_table[0].quant32 = quant32_scalar;
     g_table[0].quant256 = quant256_scalar;
     g_table[0].swiglu = swiglu_scalar;
+    g_table[0].rmsnorm = rmsnorm_scalar;
     g_table[1] = g_table[0];
     if (osg_fill_avx2(&g_table[1])) {
         have = ISA_AVX2;
@@ -310,6 +322,10 @@ const char *osg_isa(void) {
 }
 
 void osg_swiglu(const float *x, float *h, int64_t k) { kernels()->swiglu(x, h, k); }
+
+void osg_rmsnorm(const float *x, const float *skip, const float *gamma, float *out, float *sum, int64_t h, float eps) {
+    kernels()->rmsnorm(x, skip, gamma, out, sum, h, eps);
+}
 
 void osg_quantize_act(int t, const float *x, void *xq, int64_t k) {
     int be = osg_block_elems(t);

@@ -84,6 +84,9 @@ typedef void (*osg_dot_multi_fn)(int64_t nb, const void *w, const void *a, size_
 typedef void (*osg_quant_fn)(const float *x, void *xq, int64_t k);
 /* h[j] = silu(x[j]) * x[k + j] for j in [0, k): SwiGLU over a row that holds the gate, then the up */
 typedef void (*osg_swiglu_fn)(const float *x, float *h, int64_t k);
+/* sum = x + skip; out = sum * gamma / sqrt(mean(sum^2) + eps), one row of h floats (SkipRmsNorm) */
+typedef void (*osg_rmsnorm_fn)(const float *x, const float *skip, const float *gamma, float *out, float *sum,
+                               int64_t h, float eps);
 
 /* many activation rows at once (osg_matmul_rows' arguments, nb blocks a row, rb / ab bytes a weight /
  * activation row); returns 0 when it could not run (the row path then does) */
@@ -100,6 +103,7 @@ typedef struct {
     osg_gemm_fn gemm[OSG_NTYPES];        /* optional; NULL: the row path at every M */
     osg_quant_fn quant32, quant256;
     osg_swiglu_fn swiglu;
+    osg_rmsnorm_fn rmsnorm;
 } osg_kernels;
 
 /* dot_NAME and multi_NAME of one type for a SIMD level (ATTR: its target attribute), over its rows

@@ -5,10 +5,9 @@
  *   attribute epsilon (float).
  *
  * sum = input + skip; output = sum * gamma / sqrt(mean(sum^2) + epsilon), per row of H, in float32
- * (the mean of squares summed in float32 lanes, then in order). A decode step's row is normed in the
+ * (osg_rmsnorm: the mean of squares summed in float32 lanes, then in order). A decode step's row is normed in the
  * calling thread; many rows go over the pool.
  */
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -49,52 +48,10 @@ typedef struct {
   float epsilon;
 } NormWork;
 
-static void norm_row_plain(const NormWork *w, int64_t r) {
-  const float *x = w->x + r * w->h, *k = w->skip + r * w->h;
-  float *s = w->sum + r * w->h, *o = w->out + r * w->h, sq = 0.0f;
-  for (int64_t i = 0; i < w->h; i++) {
-    s[i] = x[i] + k[i];
-    sq += s[i] * s[i];
-  }
-  float inv = 1.0f / sqrtf(sq / (float)w->h + w->epsilon);
-  for (int64_t i = 0; i < w->h; i++) o[i] = s[i] * inv * w->gamma[i];
-}
-
-#if defined(__x86_64__) && !defined(OSG_NO_SIMD)
-#include "kernels_avx2.h"
-
-AVX2 static void norm_row_avx2(const NormWork *w, int64_t r) {
-  const float *x = w->x + r * w->h, *k = w->skip + r * w->h;
-  float *s = w->sum + r * w->h, *o = w->out + r * w->h;
-  __m256 sq = _mm256_setzero_ps();
-  int64_t n8 = w->h / 8 * 8;
-  for (int64_t i = 0; i < n8; i += 8) {
-    __m256 v = _mm256_add_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(k + i));
-    _mm256_storeu_ps(s + i, v);
-    sq = _mm256_fmadd_ps(v, v, sq);
-  }
-  float total = hsum_ps(sq);
-  for (int64_t i = n8; i < w->h; i++) {
-    s[i] = x[i] + k[i];
-    total += s[i] * s[i];
-  }
-  float inv = 1.0f / sqrtf(total / (float)w->h + w->epsilon);
-  __m256 iv = _mm256_set1_ps(inv);
-  for (int64_t i = 0; i < n8; i += 8)
-    _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(s + i), iv), _mm256_loadu_ps(w->gamma + i)));
-  for (int64_t i = n8; i < w->h; i++) o[i] = s[i] * inv * w->gamma[i];
-}
-#endif
-
 static void norm_task(void *user, size_t row) {
   const NormWork *w = (const NormWork *)user;
-#if defined(__x86_64__) && !defined(OSG_NO_SIMD)
-  if (strcmp(osg_isa(), "scalar") != 0) {
-    norm_row_avx2(w, (int64_t)row);
-    return;
-  }
-#endif
-  norm_row_plain(w, (int64_t)row);
+  int64_t at = (int64_t)row * w->h;
+  osg_rmsnorm(w->x + at, w->skip + at, w->gamma, w->out + at, w->sum + at, w->h, w->epsilon);
 }
 
 OrtStatus *osg_norm_compute(void *kernel, OrtKernelContext *ctx) {
