@@ -1,6 +1,6 @@
 """Kernel time per decode step by node kind, from ONNX Runtime's own profiler (prints JSON).
 
-    .venv/bin/python benchmarks/op_profile.py [--model ID_OR_DIR] [--steps 64] [--threads 1]
+    .venv/bin/python benchmarks/op_profile.py [--model ID_OR_DIR] [--steps 64] [--threads 1] [--spin]
 
 Runs the engine's Runner (prefill 40 tokens, then ``--steps`` greedy decode steps) with
 ``enable_profiling`` and sums the ``*_kernel_time`` events of the decode steps by kind. The
@@ -94,12 +94,13 @@ def main() -> None:
     ap.add_argument("--model", default=None)
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--spin", action="store_true", help="the pool's threads spin (vs_llamacpp.py's --spin on)")
     args = ap.parse_args()
     path, mid = model_dir(args.model)
     so = ort.SessionOptions()
     so.log_severity_level = 3
     so.intra_op_num_threads = args.threads
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    so.add_session_config_entry("session.intra_op.allow_spinning", "1" if args.spin else "0")
     so.enable_profiling = True
     so.profile_file_prefix = str(Path(tempfile.mkdtemp()) / "ortserve-ops")
     runner = Runner(ModelSpec.read(path), slots=1, session_options=so)
@@ -130,7 +131,7 @@ def main() -> None:
              "bandwidth_bound_tok_s": round(best_bw * 1e9 / per_token, 1),
              "measured_tok_s": round(1e6 / float(np.median([e["dur"] for e in runs])), 1)}
     rows = sorted(us, key=lambda k: -us[k])
-    emit({"benchmark": "op_profile", "model": mid, "machine": machine(), "threads": args.threads,
+    emit({"benchmark": "op_profile", "model": mid, "machine": machine(), "threads": args.threads, "spin": args.spin,
           "steps": args.steps, "model_run_us_median": float(np.median([e["dur"] for e in runs])),
           "kernels": {k: {"us_per_step": round(us[k] / args.steps, 1), "share": round(us[k] / total, 4),
                           "nodes_per_step": count[k] // args.steps} for k in rows},
