@@ -101,9 +101,9 @@ def fuse_swiglu(model: Any, features: frozenset[str]) -> int:
     """Edit ``model`` in place: each ``Split(gate_up) -> Sigmoid, Mul (silu) -> Mul (by up) ->
     GgufMatMul (down)`` becomes the one GgufMatMul with ``swiglu=1`` reading the fused gate_up
     projection; returns how many. Only when ``features`` (``native.library_features`` of the
-    library the session loads) has the attribute, and only where every tensor between the two projections is read by the
-    pattern alone: a LoRA term on down_proj (engine/lora.py, applied first) reads the product, so
-    that layer keeps its nodes."""
+    library the session loads) has the attribute, and only where every tensor between the two
+    projections is read by the pattern alone: a LoRA term on down_proj (engine/lora.py, applied
+    first) reads the product, so that layer keeps its nodes."""
     from onnx import helper
 
     from ortserve.native import DOMAIN, MATMUL_OP
