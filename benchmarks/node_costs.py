@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 from _common import machine
-from native_ops import gguf_rows
+from native_ops import gguf_rows, opsets
 from onnx import TensorProto, helper, numpy_helper
 
 from ortserve import native
@@ -56,11 +56,6 @@ def session(model: Any, threads: int, spin: bool) -> ort.InferenceSession:
         raise SystemExit("the native library is not built: python -m ortserve.native.build")
     so.register_custom_ops_library(str(lib))
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-
-
-def opsets() -> list[Any]:
-    return [helper.make_opsetid("", 17), helper.make_opsetid(native.DOMAIN, native.OPSET),
-            helper.make_opsetid("com.microsoft", 1)]
 
 
 def timed(s: ort.InferenceSession, feeds: dict[str, np.ndarray], reps: int) -> float:

@@ -200,10 +200,10 @@ def skip_rms_norm(model: Any, features: frozenset[str]) -> int:
     return swapped
 
 
-def _float_caches(graph: Any) -> set[str]:
-    """The graph's KV-cache inputs held in float32 (the ops' only type)."""
+def _float_caches(graph: Any) -> bool:
+    """Whether the graph holds its KV cache in float32 (the ops' only type)."""
     from onnx import TensorProto
 
-    return {v.name for v in graph.input if v.name.startswith("past_key_values.")
-            and v.type.tensor_type.elem_type == TensorProto.FLOAT}
+    return any(v.name.startswith("past_key_values.") and v.type.tensor_type.elem_type == TensorProto.FLOAT
+               for v in graph.input)
 

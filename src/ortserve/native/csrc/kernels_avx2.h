@@ -1,5 +1,5 @@
 /* AVX2 + FMA + F16C helpers shared by kernels_avx2.c (the 32-weight block types, the activation
- * quantizers and SwiGLU), kernels_avx2_k.c (the K-quants and IQ4_XS) and ops_norm.c: static inline, compiled for those
+ * quantizers, SwiGLU and the RMS norm) and kernels_avx2_k.c (the K-quants and IQ4_XS): static inline, compiled for those
  * instructions by function attribute only. Included only inside an x86, SIMD-enabled build. */
 #ifndef OSG_KERNELS_AVX2_H
 #define OSG_KERNELS_AVX2_H

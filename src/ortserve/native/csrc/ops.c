@@ -165,12 +165,17 @@ static int64_t leading_rows(const Tensor *t, size_t keep) {
 }
 
 /* Runs fn(user, i) for i in [0, total) on ORT's intra-op pool, or in this thread when the API
- * has no ParallelFor (onnxruntime 1.16) or there is one task. */
-static OrtStatus *parallel_for(const GgufKernel *kn, OrtKernelContext *ctx, void (*fn)(void *, size_t),
-                               size_t total, void *user) {
-  if (kn->parallel && total > 1) return kn->api->KernelContext_ParallelFor(ctx, fn, total, 0, user);
+ * has no ParallelFor (onnxruntime 1.16: parallel is 0) or there is one task. */
+OrtStatus *osg_parallel_for(const OrtApi *api, int parallel, OrtKernelContext *ctx, void (*fn)(void *, size_t),
+                            size_t total, void *user) {
+  if (parallel && total > 1) return api->KernelContext_ParallelFor(ctx, fn, total, 0, user);
   for (size_t i = 0; i < total; i++) fn(user, i);
   return NULL;
+}
+
+static OrtStatus *parallel_for(const GgufKernel *kn, OrtKernelContext *ctx, void (*fn)(void *, size_t),
+                               size_t total, void *user) {
+  return osg_parallel_for(kn->api, kn->parallel, ctx, fn, total, user);
 }
 
 /* ---- GgufMatMul ---- */

@@ -42,6 +42,9 @@ OrtStatus *osg_describe(const OrtApi *api, const OrtValue *value, const char *op
 OrtStatus *osg_input(const OrtApi *api, OrtKernelContext *ctx, size_t index, const char *op, const char *name,
                      Tensor *t);
 void *osg_data_of(const OrtApi *api, const OrtValue *value, OrtStatus **status);
+/* fn(user, i) for i in [0, total): on ORT's intra-op pool when parallel and total > 1, else in this thread */
+OrtStatus *osg_parallel_for(const OrtApi *api, int parallel, OrtKernelContext *ctx, void (*fn)(void *, size_t),
+                            size_t total, void *user);
 
 /* ops.c: make a kernel from the op's attributes (checked there), run it, free it. */
 OrtStatus *OSG_ORT_CALL osg_op_create(const OrtCustomOp *op, const OrtApi *api, const OrtKernelInfo *info,

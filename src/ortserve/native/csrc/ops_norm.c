@@ -5,8 +5,8 @@
  *   attribute epsilon (float).
  *
  * sum = input + skip; output = sum * gamma / sqrt(mean(sum^2) + epsilon), per row of H, in float32
- * (osg_rmsnorm: the mean of squares summed in float32 lanes, then in order). A decode step's row is normed in the
- * calling thread; many rows go over the pool.
+ * (osg_rmsnorm: the mean of squares summed in float32 lanes, then in order). A decode step's row is
+ * normed in the calling thread; many rows go over the pool.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -80,9 +80,6 @@ OrtStatus *osg_norm_compute(void *kernel, OrtKernelContext *ctx) {
   if (status == NULL) w.out = (float *)osg_data_of(api, out, &status);
   if (status == NULL) w.sum = (float *)osg_data_of(api, sum, &status);
   if (status != NULL || rows == 0 || h == 0) return status;
-  if (rows < 4 || !kn->parallel) {
-    for (int64_t r = 0; r < rows; r++) norm_task(&w, (size_t)r);
-    return NULL;
-  }
-  return api->KernelContext_ParallelFor(ctx, norm_task, (size_t)rows, 0, &w);
+  /* a decode step's few rows are normed in this thread: less than waking the pool */
+  return osg_parallel_for(api, kn->parallel && rows >= 4, ctx, norm_task, (size_t)rows, &w);
 }
